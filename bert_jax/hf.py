@@ -1,0 +1,376 @@
+"""Flax parameters <-> HuggingFace `BertForPreTraining` directories.
+
+`save_pretrained` writes `config.json` + `model.safetensors` (+ tokenizer files) with numpy
+only, so exporting needs no torch. `load_pretrained` reads safetensors (single or sharded)
+or, through `torch.load(weights_only=True)`, a legacy `pytorch_model.bin`.
+
+HF's Linear weights are [out, in], the transpose of Flax kernels; attention projections are
+additionally split into [heads, head_dim]. The MLM decoder is tied to the word embeddings and
+its bias to `cls.predictions.bias`, so neither tied copy is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax.model import BertConfig, init_params
+
+Array = np.ndarray
+StateDict = dict[str, Array]
+
+_ACT_FROM_HF = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh'}
+_ACT_TO_HF = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new'}
+HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
+               'nsp': ('nsp',), 'pooler': ('pooler',)}
+
+
+class CheckpointError(ValueError):
+  """A directory that is not a loadable BERT checkpoint; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
+  return {
+      'architectures': ['BertForPreTraining'],
+      'model_type': 'bert',
+      'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.hidden_size,
+      'num_hidden_layers': cfg.num_layers,
+      'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.intermediate_size,
+      'hidden_act': _ACT_TO_HF[cfg.hidden_act],
+      'hidden_dropout_prob': cfg.hidden_dropout,
+      'attention_probs_dropout_prob': cfg.attention_dropout,
+      'max_position_embeddings': cfg.max_position_embeddings,
+      'type_vocab_size': cfg.type_vocab_size,
+      'initializer_range': cfg.initializer_range,
+      'layer_norm_eps': cfg.layer_norm_eps,
+      'pad_token_id': 0,
+      'position_embedding_type': 'absolute',
+      'tie_word_embeddings': True,
+      'torch_dtype': 'float32',
+  }
+
+
+def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
+  model_type = hf.get('model_type')
+  if model_type != 'bert':
+    arch = ', '.join(hf.get('architectures') or []) or 'unknown architecture'
+    raise CheckpointError(f'{source}: model_type is {model_type!r} ({arch}), not BERT; '
+                          'only BERT checkpoints (model_type "bert") can be loaded')
+  act = hf.get('hidden_act', 'gelu')
+  if act not in _ACT_FROM_HF:
+    raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
+                          f'{sorted(_ACT_FROM_HF)}')
+  if hf.get('position_embedding_type', 'absolute') != 'absolute':
+    raise CheckpointError(f'{source}: position_embedding_type '
+                          f'{hf["position_embedding_type"]!r}; only "absolute" is BERT')
+  try:
+    return BertConfig(
+        vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'],
+        num_layers=hf['num_hidden_layers'], num_heads=hf['num_attention_heads'],
+        intermediate_size=hf['intermediate_size'], hidden_act=_ACT_FROM_HF[act],
+        hidden_dropout=hf.get('hidden_dropout_prob', 0.1),
+        attention_dropout=hf.get('attention_probs_dropout_prob', 0.1),
+        max_position_embeddings=hf.get('max_position_embeddings', 512),
+        type_vocab_size=hf.get('type_vocab_size', 2),
+        initializer_range=hf.get('initializer_range', 0.02),
+        layer_norm_eps=hf.get('layer_norm_eps', 1e-12))
+  except KeyError as e:
+    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def _linear(w: Array) -> Array:
+  return w.T
+
+
+def _layer_map(cfg: BertConfig) -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
+  """HF key suffix in a layer -> (our path inside the layer, hf->ours, ours->hf)."""
+  h, n, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  same = (lambda x: x, lambda x: x)
+  qkv_kernel = (lambda w: w.T.reshape(h, n, d), lambda k: k.reshape(h, h).T)
+  qkv_bias = (lambda b: b.reshape(n, d), lambda b: b.reshape(h))
+  out_kernel = (lambda w: w.T.reshape(n, d, h), lambda k: k.reshape(h, h).T)
+  lin = (_linear, _linear)
+  m = {}
+  for name in ('query', 'key', 'value'):
+    m[f'attention.self.{name}.weight'] = (('attention', name, 'kernel'), *qkv_kernel)
+    m[f'attention.self.{name}.bias'] = (('attention', name, 'bias'), *qkv_bias)
+  m['attention.output.dense.weight'] = (('attention', 'output', 'kernel'), *out_kernel)
+  m['attention.output.dense.bias'] = (('attention', 'output', 'bias'), *same)
+  m['intermediate.dense.weight'] = (('intermediate', 'kernel'), *lin)
+  m['intermediate.dense.bias'] = (('intermediate', 'bias'), *same)
+  m['output.dense.weight'] = (('output', 'kernel'), *lin)
+  m['output.dense.bias'] = (('output', 'bias'), *same)
+  for hf_ln, ours in (('attention.output.LayerNorm', 'attention_layer_norm'),
+                      ('output.LayerNorm', 'output_layer_norm')):
+    m[f'{hf_ln}.weight'] = ((ours, 'scale'), *same)
+    m[f'{hf_ln}.bias'] = ((ours, 'bias'), *same)
+  return m
+
+
+def _top_map() -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
+  """Full HF key (without the `bert.` prefix) -> (our path, hf->ours, ours->hf)."""
+  same = (lambda x: x, lambda x: x)
+  lin = (_linear, _linear)
+  m = {
+      'embeddings.word_embeddings.weight': (('embeddings', 'word_embeddings', 'embedding'), *same),
+      'embeddings.position_embeddings.weight':
+          (('embeddings', 'position_embeddings', 'embedding'), *same),
+      'embeddings.token_type_embeddings.weight':
+          (('embeddings', 'token_type_embeddings', 'embedding'), *same),
+      'embeddings.LayerNorm.weight': (('embeddings', 'layer_norm', 'scale'), *same),
+      'embeddings.LayerNorm.bias': (('embeddings', 'layer_norm', 'bias'), *same),
+      'pooler.dense.weight': (('pooler', 'kernel'), *lin),
+      'pooler.dense.bias': (('pooler', 'bias'), *same),
+      'cls.predictions.bias': (('mlm_output_bias',), *same),
+      'cls.predictions.transform.dense.weight': (('mlm_transform', 'kernel'), *lin),
+      'cls.predictions.transform.dense.bias': (('mlm_transform', 'bias'), *same),
+      'cls.predictions.transform.LayerNorm.weight': (('mlm_layer_norm', 'scale'), *same),
+      'cls.predictions.transform.LayerNorm.bias': (('mlm_layer_norm', 'bias'), *same),
+      'cls.seq_relationship.weight': (('nsp', 'kernel'), *lin),
+      'cls.seq_relationship.bias': (('nsp', 'bias'), *same),
+  }
+  return m
+
+
+def _hf_key(key: str) -> str:
+  """Canonical spelling: no `bert.` prefix, `weight`/`bias` for legacy `gamma`/`beta`."""
+  if key.startswith('bert.'):
+    key = key[len('bert.'):]
+  if key.endswith('.gamma'):
+    key = key[:-len('.gamma')] + '.weight'
+  elif key.endswith('.beta'):
+    key = key[:-len('.beta')] + '.bias'
+  return key
+
+
+def _get(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def _set(tree, path, value):
+  for p in path[:-1]:
+    tree = tree.setdefault(p, {})
+  tree[path[-1]] = value
+
+
+def _layer_tree(params, cfg: BertConfig, i: int):
+  enc = params['encoder']
+  if cfg.scan_layers:
+    return jax.tree_util.tree_map(lambda x: x[i], enc['layers'])
+  return enc[f'layer_{i}']
+
+
+def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
+  """Our parameter tree -> HF BertForPreTraining state dict (float32 numpy, no tied copies)."""
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+  out: StateDict = {}
+  for key, (path, _, to_hf) in _top_map().items():
+    name = key if key.startswith('cls.') else prefix + key
+    out[name] = np.ascontiguousarray(to_hf(_get(params, path)))
+  layer_map = _layer_map(cfg)
+  for i in range(cfg.num_layers):
+    layer = _layer_tree(params, cfg, i)
+    for key, (path, _, to_hf) in layer_map.items():
+      out[f'{prefix}encoder.layer.{i}.{key}'] = np.ascontiguousarray(to_hf(_get(layer, path)))
+  return out
+
+
+def _expected_hf_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+  abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  shapes = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.int8), abstract)
+  return {_hf_key(k): v.shape for k, v in params_to_hf(shapes, cfg).items()}
+
+
+def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
+                   source: str = 'checkpoint') -> dict:
+  """HF state dict -> our parameter tree.
+
+  Accepts `bert.`-prefixed or bare keys and legacy `gamma`/`beta`. Encoder weights must all be
+  present; missing heads (BertModel, sentence-transformers) are freshly initialised from `rng`
+  with a warning that names them.
+  """
+  state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
+  expected = _expected_hf_shapes(cfg)
+  for key, shape in expected.items():
+    if key in state and tuple(state[key].shape) != tuple(shape):
+      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, but '
+                            f'config.json implies {tuple(shape)}')
+  top, layer_map = _top_map(), _layer_map(cfg)
+  layer_keys = [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map]
+  encoder_keys = [k for k in top if k.startswith('embeddings.')] + layer_keys
+  missing_encoder = [k for k in encoder_keys if k not in state]
+  if missing_encoder:
+    raise CheckpointError(
+        f'{source}: {len(missing_encoder)} encoder tensors are missing, e.g. '
+        f'{missing_encoder[:3]}; it is not a complete BERT of this config.json')
+
+  fresh = None
+  params: dict = {}
+  missing_heads = []
+  for key, (path, from_hf, _) in top.items():
+    if key in state:
+      _set(params, path, from_hf(state[key].astype(np.float32)))
+    else:
+      missing_heads.append(key)
+      if fresh is None:
+        fresh = jax.tree_util.tree_map(np.asarray, init_params(
+            cfg, rng if rng is not None else jax.random.key(0)))
+      _set(params, path, _get(fresh, path))
+  if missing_heads:
+    logging.warning('%s has no %s: initialised fresh (an encoder-only checkpoint); fine-tune or '
+                    'pre-train before using those heads.', source, ', '.join(missing_heads))
+
+  layers = []
+  for i in range(cfg.num_layers):
+    layer: dict = {}
+    for key, (path, from_hf, _) in layer_map.items():
+      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
+    layers.append(layer)
+  if cfg.scan_layers:
+    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  else:
+    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
+
+  known = set(expected) | {'cls.predictions.decoder.weight', 'cls.predictions.decoder.bias',
+                           'embeddings.position_ids'}
+  unused = sorted(k for k in state if k not in known)
+  if unused:
+    logging.warning('%s: ignored %d tensors that are not part of BertForPreTraining: %s',
+                    source, len(unused), unused[:8])
+  return params
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _read_weights(path: str) -> StateDict:
+  """All tensors of an HF directory as float-or-int numpy arrays, keyed as stored."""
+  single = os.path.join(path, 'model.safetensors')
+  index = os.path.join(path, 'model.safetensors.index.json')
+  legacy = os.path.join(path, 'pytorch_model.bin')
+  if os.path.exists(single):
+    return _read_safetensors(single)
+  if os.path.exists(index):
+    try:
+      with open(index) as f:
+        files = sorted(set(json.load(f)['weight_map'].values()))
+    except (OSError, ValueError, KeyError) as e:
+      raise CheckpointError(f'{index}: unreadable shard index ({e})') from None
+    state: StateDict = {}
+    for name in files:
+      state.update(_read_safetensors(os.path.join(path, name)))
+    return state
+  if os.path.exists(legacy):
+    return _read_torch_bin(legacy)
+  raise CheckpointError(f'{path}: no model.safetensors, model.safetensors.index.json or '
+                        'pytorch_model.bin; is this an HF model directory?')
+
+
+def _read_safetensors(file: str) -> StateDict:
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  try:
+    with safe_open(file, framework='numpy') as f:
+      return {k: f.get_tensor(k) for k in f.keys()}
+  except Exception as e:  # safetensors raises several unrelated types for a bad header.
+    if 'bfloat16' in str(e) or 'BF16' in str(e):
+      return _read_safetensors_via_flax(file)
+    raise CheckpointError(f'{file}: not a readable safetensors file ({e})') from None
+
+
+def _read_safetensors_via_flax(file: str) -> StateDict:
+  # numpy has no bfloat16; safetensors' flax backend reads it into jax arrays.
+  from safetensors.flax import load_file  # pylint: disable=g-import-not-at-top
+  return {k: np.asarray(v, np.float32) for k, v in load_file(file).items()}
+
+
+def _read_torch_bin(file: str) -> StateDict:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise CheckpointError(f'{file}: reading pytorch_model.bin needs torch '
+                          '(pip install torch==2.13.0) or convert it to safetensors') from None
+  try:
+    state = torch.load(file, map_location='cpu', weights_only=True)
+  except Exception as e:
+    raise CheckpointError(f'{file}: torch.load(weights_only=True) failed: {e}') from None
+  return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def load_config(path: str) -> BertConfig:
+  file = os.path.join(path, 'config.json')
+  if not os.path.isdir(path):
+    raise CheckpointError(f'{path}: no such directory')
+  if not os.path.exists(file):
+    raise CheckpointError(f'{path}: no config.json; an HF model directory needs one')
+  try:
+    with open(file) as f:
+      hf = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f'{file}: unreadable JSON ({e})') from None
+  return config_from_hf(hf, source=file)
+
+
+def load_pretrained(path: str, *, rng: jax.Array | None = None,
+                    **config_overrides: Any) -> tuple[BertConfig, dict]:
+  """(model config, float32 params) from an HF BERT directory.
+
+  `config_overrides` set our-only knobs such as dtype, scan_layers or remat_policy.
+  """
+  cfg = load_config(path)
+  if config_overrides:
+    cfg = cfg.replace(**config_overrides)
+  params = params_from_hf(_read_weights(path), cfg, rng=rng, source=path)
+  return cfg, params
+
+
+def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
+                    overwrite: bool = False) -> str:
+  """Write an HF `BertForPreTraining` directory atomically; returns `path`.
+
+  Everything is written into a sibling temporary directory first and renamed into place, so a
+  failure leaves no half-written export. `tokenizer` is anything with `save_pretrained(dir)`.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not overwrite and os.listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
+                          'another directory')
+  state = params_to_hf(params, cfg)  # converts (and so validates) before anything is written
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix='.export-', dir=parent)
+  try:
+    with open(os.path.join(tmp, 'config.json'), 'w') as f:
+      json.dump(config_to_hf(cfg), f, indent=2, sort_keys=True)
+    save_file(state, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
+    if tokenizer is not None:
+      tokenizer.save_pretrained(tmp)
+    old = None
+    if os.path.exists(path):
+      old = tempfile.mkdtemp(prefix='.old-export-', dir=parent)
+      os.rename(path, os.path.join(old, 'x'))
+    os.rename(tmp, path)
+    if old:
+      shutil.rmtree(old, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return path

@@ -1,0 +1,148 @@
+"""Model behaviour that needs no reference: packing, padding, dtypes, sizes, dropout."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax import hf
+from bert_jax.model import PRESETS, BertConfig, BertForPreTraining, count_params, init_params
+
+TINY = BertConfig.from_preset('tiny')
+
+
+def apply(cfg, params, **features):
+  # jit: op-by-op dispatch of an un-jitted Flax apply is several times slower on CPU.
+  return jax.jit(lambda p, f: BertForPreTraining(cfg).apply({'params': p}, **f))(params, features)
+
+
+@pytest.mark.parametrize('size', list(PRESETS))
+def test_parameter_count_equals_hf(size):
+  cfg = BertConfig.from_preset(size)
+  ours = count_params(jax.eval_shape(lambda: init_params(cfg, jax.random.key(0))))
+  hf_cfg = transformers.BertConfig(**{k: v for k, v in hf.config_to_hf(cfg).items()
+                                      if k not in ('architectures', 'model_type')})
+  with torch.device('meta'):
+    theirs = transformers.BertForPreTraining(hf_cfg).num_parameters()
+  assert ours == theirs
+  if size == 'base':
+    assert ours == 110_106_428
+  if size == 'tiny':
+    assert ours == 4_433_468
+
+
+def _solo(rng, length, real):
+  ids = np.zeros(length, np.int32)
+  ids[:real] = rng.integers(5, TINY.vocab_size, real)
+  seg = np.zeros(length, np.int32)
+  seg[real // 2:real] = 1
+  mask = (np.arange(length) < real).astype(np.int32)
+  return ids, seg, mask
+
+
+def test_packed_row_gives_each_instance_its_solo_outputs():
+  params = init_params(TINY, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  length, lens, predictions = 32, (12, 9, 7), (np.array([1, 4, 10]), np.array([2, 3, 8]),
+                                               np.array([1, 5, 6]))
+  solos = [_solo(rng, length, n) for n in lens]
+  solo_out = [apply(TINY, params, input_ids=ids[None], input_mask=mask[None],
+                    segment_ids=seg[None], masked_lm_positions=pos[None])
+              for (ids, seg, mask), pos in zip(solos, predictions)]
+
+  ids, seg, pos_ids, packed_seg = (np.zeros(length, np.int32) for _ in range(4))
+  starts = np.cumsum((0,) + lens[:-1])
+  for k, ((s_ids, s_seg, _), n, start) in enumerate(zip(solos, lens, starts)):
+    ids[start:start + n], seg[start:start + n] = s_ids[:n], s_seg[:n]
+    pos_ids[start:start + n], packed_seg[start:start + n] = np.arange(n), k + 1
+  mlm_positions = np.concatenate([p + s for p, s in zip(predictions, starts)])
+  packed = apply(TINY, params, input_ids=ids[None], segment_ids=seg[None],
+                 position_ids=pos_ids[None], packed_segment_ids=packed_seg[None],
+                 masked_lm_positions=mlm_positions[None], next_sentence_positions=starts[None])
+
+  for k, (out, n, start) in enumerate(zip(solo_out, lens, starts)):
+    np.testing.assert_allclose(packed.sequence_output[0, start:start + n],
+                               out.sequence_output[0, :n], atol=1e-5)
+    np.testing.assert_allclose(packed.mlm_logits[0, 3 * k:3 * k + 3], out.mlm_logits[0], atol=1e-5)
+    np.testing.assert_allclose(packed.nsp_logits[0, k], out.nsp_logits[0], atol=1e-5)
+    np.testing.assert_allclose(packed.pooled_output[0, k], out.pooled_output[0], atol=1e-5)
+
+
+def test_padding_never_changes_real_token_outputs():
+  params = init_params(TINY, jax.random.key(0))
+  ids, seg, _ = _solo(np.random.default_rng(1), 16, 16)
+  short = apply(TINY, params, input_ids=ids[None], segment_ids=seg[None],
+                masked_lm_positions=np.array([[3, 7]]))
+  padded_ids = np.concatenate([ids, np.zeros(48, np.int32)])
+  padded_ids[20:] = 77  # whatever sits under the mask must not matter
+  long = apply(TINY, params, input_ids=padded_ids[None],
+               input_mask=(np.arange(64) < 16).astype(np.int32)[None],
+               segment_ids=np.concatenate([seg, np.ones(48, np.int32)])[None],
+               masked_lm_positions=np.array([[3, 7]]))
+  np.testing.assert_allclose(long.sequence_output[0, :16], short.sequence_output[0], atol=1e-5)
+  np.testing.assert_allclose(long.mlm_logits, short.mlm_logits, atol=1e-5)
+  np.testing.assert_allclose(long.nsp_logits, short.nsp_logits, atol=1e-5)
+
+
+def test_bfloat16_forward_is_close_to_float32():
+  """bf16 compute with float32 params: MLM logits within 0.05 of float32 (logit std ~1)."""
+  params = init_params(TINY, jax.random.key(0))
+  ids, seg, mask = _solo(np.random.default_rng(2), 32, 28)
+  feats = dict(input_ids=ids[None], input_mask=mask[None], segment_ids=seg[None],
+               masked_lm_positions=np.array([[1, 5, 9, 20]]))
+  f32 = apply(TINY, params, **feats)
+  bf16 = apply(TINY.replace(dtype='bfloat16'), params, **feats)
+  assert bf16.sequence_output.dtype == jnp.bfloat16
+  assert bf16.mlm_logits.dtype == jnp.float32 and bf16.nsp_logits.dtype == jnp.float32
+  err = float(jnp.max(jnp.abs(bf16.mlm_logits - f32.mlm_logits)))
+  scale = float(jnp.std(f32.mlm_logits))
+  assert err < 0.05 * max(scale, 1.0), (err, scale)
+  assert float(jnp.max(jnp.abs(bf16.nsp_logits - f32.nsp_logits))) < 0.05
+
+
+def test_dropout_is_active_only_in_training_and_seeded():
+  params = init_params(TINY, jax.random.key(0))
+  ids, seg, mask = _solo(np.random.default_rng(3), 16, 16)
+  feats = dict(input_ids=ids[None], input_mask=mask[None], segment_ids=seg[None],
+               masked_lm_positions=np.array([[1, 2]]))
+  model = BertForPreTraining(TINY)
+  run = jax.jit(lambda key: model.apply({'params': params}, **feats, deterministic=False,
+                                        rngs={'dropout': jax.random.key(key)}).mlm_logits)
+  eval_out = model.apply({'params': params}, **feats).mlm_logits
+  np.testing.assert_array_equal(run(1), run(1))
+  assert not np.allclose(run(1), run(2))
+  assert not np.allclose(run(1), eval_out)
+
+
+@pytest.mark.parametrize('policy', ['full', 'dots'])
+def test_remat_does_not_change_gradients(policy):
+  params = init_params(TINY, jax.random.key(0))
+  ids, seg, mask = _solo(np.random.default_rng(4), 16, 14)
+
+  def loss(p, cfg):
+    out = BertForPreTraining(cfg).apply({'params': p}, ids[None], mask[None], seg[None],
+                                        masked_lm_positions=np.array([[1, 2]]))
+    return jnp.sum(out.mlm_logits ** 2) + jnp.sum(out.nsp_logits)
+
+  g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, TINY)
+  g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, TINY.replace(remat_policy=policy))
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g0, g1)
+
+
+def test_gelu_tanh_is_selectable_and_differs_from_erf():
+  params = init_params(TINY, jax.random.key(0))
+  ids = np.arange(5, 21, dtype=np.int32)[None]
+  erf = apply(TINY, params, input_ids=ids).mlm_logits
+  tanh = apply(TINY.replace(hidden_act='gelu_tanh'), params, input_ids=ids).mlm_logits
+  assert 0 < float(jnp.max(jnp.abs(erf - tanh))) < 0.05
+
+
+def test_bad_config_fields_name_the_field():
+  with pytest.raises(ValueError, match='model.hidden_size=100 is not divisible by model.num_heads=3'):
+    BertConfig(hidden_size=100, num_heads=3)
+  with pytest.raises(ValueError, match="model.hidden_act='relu'"):
+    BertConfig(hidden_act='relu')
+  with pytest.raises(ValueError, match="unknown model size 'huge'"):
+    BertConfig.from_preset('huge')
