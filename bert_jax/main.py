@@ -1,0 +1,56 @@
+r"""Entry point: train (default), eval or export, from one ml_collections config.
+
+  python -m bert_jax.main --config=configs/bert_base.py:phase1 --workdir=/tmp/base \
+      --config.data.train_files='data/train-*' [--mode=train|eval|export]
+
+Multi-host: on Cloud TPU `jax.distributed.initialize()` needs no arguments; elsewhere pass
+--coordinator_address, --num_processes and --process_id (launch/local_pod.sh does).
+"""
+
+import json
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_tiny.py.')
+flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and TensorBoard logs go here.')
+flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'export'], 'What to do.')
+flags.DEFINE_string('output', None, 'export: the HuggingFace directory to write.')
+flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host, not TPU).')
+flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
+flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
+flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  import jax  # pylint: disable=g-import-not-at-top
+  if FLAGS.coordinator_address:
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  elif FLAGS.tpu:
+    jax.distributed.initialize()
+  from bert_jax import export, train  # pylint: disable=g-import-not-at-top
+  config = FLAGS.config
+  if FLAGS.mode == 'train':
+    if not config.data.train_files:
+      raise app.UsageError('--config.data.train_files is empty: point it at TFRecords from '
+                           'python -m input_pipeline.create_pretraining_data')
+    result = train.train_and_evaluate(config, FLAGS.workdir)
+  elif FLAGS.mode == 'eval':
+    result = export.evaluate_workdir(config, FLAGS.workdir)
+  else:
+    if not FLAGS.output:
+      raise app.UsageError('--mode=export needs --output')
+    result = {'exported': export.export_workdir(FLAGS.workdir, FLAGS.output, config=config)}
+  if jax.process_index() == 0:
+    logging.info('result: %s', result)
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  app.run(main)

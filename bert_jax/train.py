@@ -1,0 +1,253 @@
+"""The training loop: mesh, input pipeline, jitted step, checkpoints, metrics, in sections.
+
+Resumes from the latest checkpoint in `workdir` automatically (state and data position), so a
+preempted or killed run continues exactly where it stopped. SIGTERM (a TPU preemption notice)
+saves at the next step boundary and returns normally. A non-finite loss or gradient stops the
+run naming the step, without saving: the last checkpoint stays the last good one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+from bert_jax import checkpointing, flops, optim, sharding as shd
+from bert_jax import train_step as ts
+from bert_jax.model import BertConfig, init_params
+from input_pipeline import dataset as data_lib
+
+
+class NonFiniteError(RuntimeError):
+  pass
+
+
+def model_config(config) -> BertConfig:
+  m = config.model
+  return BertConfig.from_preset(
+      m.size, vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
+      attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
+      scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+
+
+def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.ReaderConfig:
+  d = config.data
+  return data_lib.ReaderConfig(
+      files=files, batch_size=batch_size, max_seq_length=d.max_seq_length,
+      max_predictions_per_seq=d.max_predictions_per_seq, packed=d.packed,
+      max_instances_per_row=d.max_instances_per_row, shuffle_buffer=d.shuffle_buffer,
+      seed=seed, dynamic_masking=d.dynamic_masking, vocab_size=config.model.vocab_size,
+      **special_ids(config))
+
+
+def special_ids(config) -> dict[str, int]:
+  """Special-token ids for dynamic masking: from the tokenizer when one is configured."""
+  if not (config.data.vocab_file or config.data.spm_model):
+    return {}
+  from input_pipeline.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  tok = load_tokenizer(config.data.vocab_file or None, config.data.spm_model or None,
+                       config.data.do_lower_case)
+  return dict(mask_id=tok.mask_id, cls_id=tok.cls_id, sep_id=tok.sep_id,
+              first_real_token_id=int(tok.replacement_ids.min()))
+
+
+def per_process_batch(global_batch: int) -> int:
+  if global_batch % jax.process_count():
+    raise ValueError(f'train.global_batch_size={global_batch} is not divisible by the '
+                     f'{jax.process_count()} processes')
+  return global_batch // jax.process_count()
+
+
+class MetricWriter:
+  """metrics.jsonl (process 0) + TensorBoard events under workdir/tensorboard."""
+
+  def __init__(self, workdir: str):
+    self.active = jax.process_index() == 0
+    if self.active:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tf = tf
+      self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+
+  def write(self, step: int, metrics: dict[str, float], prefix: str = '') -> None:
+    if not self.active:
+      return
+    record = {'step': step, **{prefix + k: float(v) for k, v in metrics.items()}}
+    self._jsonl.write(json.dumps(record) + '\n')
+    self._jsonl.flush()
+    with self._tb.as_default(step=step):
+      for k, v in record.items():
+        if k != 'step':
+          self._tf.summary.scalar(k, v)
+    self._tb.flush()
+
+  def close(self):
+    if self.active:
+      self._jsonl.close()
+      self._tb.close()
+
+
+class PreemptionFlag:
+  """Set by SIGTERM; the loop saves at the next step boundary and returns."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def evaluate(eval_step, params, config, batch_size: int, mesh) -> dict[str, float]:
+  """Held-out MLM/NSP loss and accuracy over `train.eval_steps` batches (or the whole set)."""
+  cfg = reader_config(config, config.data.eval_files, batch_size, config.seed)
+  ds = data_lib.make_dataset(cfg, training=False, process_index=jax.process_index(),
+                             process_count=jax.process_count())
+  totals: dict[str, float] = {}
+  for i, batch in enumerate(data_lib.DataIterator(ds)):
+    if i >= config.train.eval_steps:
+      break
+    sums = jax.device_get(eval_step(params, shd.global_batch(batch, mesh)))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  if not totals:
+    raise ValueError(f'data.eval_files={config.data.eval_files!r} yielded no batch')
+  return {k: float(v) for k, v in ts.summarize(totals).items()}
+
+
+def _initial_state(config, model_cfg, tx, mesh, rules):
+  if config.train.init_from:
+    step, params = checkpointing.restore_params(config.train.init_from)
+    logging.info('initialising params from %s step %d (fresh optimizer and schedule)',
+                 config.train.init_from, step)
+    return ts.state_from_params(params, model_cfg, tx, config.seed, mesh, rules)
+  return ts.create_train_state(model_cfg, tx, config.seed, mesh, rules)
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Run (or resume) training to `train.num_steps`; returns the last train and eval metrics."""
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:  # export and eval read the run's config from here
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2))
+  model_cfg = model_config(config)
+  rules = shd.normalize_rules(config.sharding_rules)
+  t = config.train
+
+  # --- mesh and optimizer
+  mesh = shd.make_mesh(tuple(config.mesh))
+  tx, schedule = optim.from_config(config.optimizer, t.num_steps)
+  logging.info('mesh %s over %d devices, %d processes', dict(mesh.shape), jax.device_count(),
+               jax.process_count())
+
+  # --- input pipeline
+  batch_size = per_process_batch(t.global_batch_size)
+  train_ds = data_lib.make_dataset(
+      reader_config(config, config.data.train_files, batch_size, config.seed), training=True,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  train_iter = data_lib.DataIterator(train_ds)
+
+  # --- state: resume, or fresh (optionally from a phase-1 workdir)
+  manager = checkpointing.make_manager(workdir, max_to_keep=t.keep_checkpoints,
+                                       keep_period=t.keep_every or None,
+                                       async_save=t.async_checkpoint)
+  shardings = ts.state_shardings(model_cfg, tx, mesh, rules)
+  latest = manager.latest_step()
+  if latest is not None:
+    abstract = jax.eval_shape(lambda: ts.TrainState(
+        step=np.int32(0), params=init_params(model_cfg, jax.random.key(0)),
+        opt_state=tx.init(init_params(model_cfg, jax.random.key(0))),
+        rng=jax.random.key_data(jax.random.key(0))))
+    state = checkpointing.restore(manager, latest,
+                                  checkpointing.abstract_like(shardings, abstract), train_iter)
+    logging.info('resumed from %s step %d', workdir, latest)
+  else:
+    state = _initial_state(config, model_cfg, tx, mesh, rules)
+
+  # --- update step
+  train_step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, t.accum_steps)
+  eval_step = ts.jit_eval_step(model_cfg, tx, mesh, rules) if config.data.eval_files else None
+  step_flops = flops.train_flops_per_step(model_cfg, t.global_batch_size,
+                                          config.data.max_seq_length,
+                                          config.data.max_predictions_per_seq)
+  peak = t.peak_flops_per_device or flops.peak_flops_per_device()
+
+  # --- loop
+  writer = MetricWriter(workdir)
+  preemption = PreemptionFlag()
+  profile = tuple(int(x) for x in t.profile_steps.split(',')) if t.profile_steps else None
+  step = int(jax.device_get(state.step))
+  first_step = step
+  last_train: dict[str, float] = {}
+  last_eval: dict[str, float] = {}
+  progress = _progress_bar(step, t.num_steps)
+  window_start, window_steps, window_tokens = time.time(), 0, 0
+  try:
+    while step < t.num_steps:
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(os.path.join(workdir, 'profile'))
+      batch = next(train_iter)
+      window_tokens += int(batch['input_mask'].sum()) * jax.process_count()
+      state, metrics = train_step(state, shd.global_batch(batch, mesh))
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      step += 1
+      window_steps += 1
+      if profile and step == profile[1]:
+        jax.profiler.stop_trace()
+      if not (math.isfinite(metrics['loss']) and math.isfinite(metrics['grad_norm'])):
+        raise NonFiniteError(
+            f'step {step}: loss={metrics["loss"]} grad_norm={metrics["grad_norm"]} is not '
+            f'finite; stopped without saving, the last good checkpoint is step '
+            f'{manager.latest_step()}. Lower optimizer.learning_rate or check the data.')
+      progress.update(1)
+      progress.set_postfix(loss=f'{metrics["loss"]:.3f}',
+                           mlm_acc=f'{metrics["mlm_accuracy"]:.3f}', refresh=False)
+
+      if step % t.log_every == 0 or step == t.num_steps:
+        seconds = time.time() - window_start
+        metrics['steps_per_second'] = window_steps / seconds
+        metrics['tokens_per_second'] = (window_steps * t.global_batch_size *
+                                        config.data.max_seq_length / seconds)
+        metrics['nonpadding_tokens_per_second'] = window_tokens / seconds
+        metrics['mfu'] = step_flops * window_steps / seconds / (peak * jax.device_count())
+        if step - first_step <= window_steps:  # the window included compilation
+          metrics.pop('mfu')
+        writer.write(step, metrics, 'train/')
+        last_train = metrics
+        window_start, window_steps, window_tokens = time.time(), 0, 0
+
+      if eval_step and (step % t.eval_every == 0 or step == t.num_steps):
+        last_eval = evaluate(eval_step, state.params, config, batch_size, mesh)
+        writer.write(step, last_eval, 'eval/')
+        progress.write(f'step {step}: eval ' + ' '.join(
+            f'{k}={v:.4f}' for k, v in sorted(last_eval.items())))
+
+      if step % t.checkpoint_every == 0 or step == t.num_steps or preemption.requested:
+        checkpointing.save(manager, step, state, train_iter, force=True)
+      if preemption.requested:
+        logging.warning('SIGTERM: saved step %d, exiting', step)
+        break
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    preemption.restore()
+    progress.close()
+    writer.close()
+  return {'step': step, 'train': last_train, 'eval': last_eval}
+
+
+def _progress_bar(step: int, total: int):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(total=total, initial=step, desc='train', unit='step', dynamic_ncols=True,
+              disable=jax.process_index() != 0, mininterval=1.0)

@@ -1,0 +1,80 @@
+"""Every field of a bert_jax run, commented. Size files (bert_tiny.py, ...) override these.
+
+Phases follow the paper: phase1 = 128 tokens, 20 predictions, 90% of the steps; phase2 = 512
+tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.size = 'base'  # tiny | mini | small | medium | base | large (bert_jax.model.PRESETS)
+  c.model.vocab_size = 30522  # must equal the tokenizer's
+  c.model.hidden_dropout = 0.1
+  c.model.attention_dropout = 0.1  # 0 lets accelerators use fused (flash) attention in training
+  c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
+  c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16 (params stay float32)
+  c.model.scan_layers = True  # compile time independent of depth
+  c.model.remat_policy = 'none'  # none | full | dots | dots_no_batch
+  c.model.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
+
+  c.data = ml_collections.ConfigDict()
+  c.data.train_files = ''  # comma-separated globs of TFRecords (create_pretraining_data)
+  c.data.eval_files = ''  # held-out TFRecords; empty = no eval
+  c.data.max_seq_length = 128
+  c.data.max_predictions_per_seq = 20
+  c.data.packed = False  # rows written with create_pretraining_data --pack
+  c.data.max_instances_per_row = 3  # K of the packed rows
+  c.data.shuffle_buffer = 10_000
+  c.data.dynamic_masking = False  # RoBERTa-style fresh masks (unpacked rows only)
+  c.data.vocab_file = ''  # WordPiece vocab.txt used for the data (exported with the model)
+  c.data.spm_model = ''  # or a SentencePiece .model
+  c.data.do_lower_case = True
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.clip_norm = 1.0  # 0 disables
+
+  c.train = ml_collections.ConfigDict()
+  c.train.global_batch_size = 256
+  c.train.accum_steps = 1  # micro-batches per step: batch 256 on any machine
+  c.train.num_steps = 900_000
+  c.train.log_every = 100
+  c.train.eval_every = 10_000
+  c.train.eval_steps = 100  # batches per eval (fewer if the eval files end first)
+  c.train.checkpoint_every = 10_000
+  c.train.keep_checkpoints = 3
+  c.train.keep_every = 0  # also keep every N-th step forever; 0 = off
+  c.train.async_checkpoint = True
+  c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer
+  c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
+  c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
+
+  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+  c.sharding_rules = (
+      ('batch', ('data', 'fsdp')), ('vocab', 'tensor'), ('heads', 'tensor'), ('mlp', 'tensor'),
+      ('embed', 'fsdp'), ('kv', None), ('length', None), ('layers', None), ('norm', None),
+      ('position', None), ('token_type', None))
+  return c
+
+
+def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int) -> None:
+  if phase in ('', 'phase1'):
+    c.train.num_steps = steps1
+  elif phase == 'phase2':
+    c.data.max_seq_length = 512
+    c.data.max_predictions_per_seq = 80
+    c.train.num_steps = steps2
+  else:
+    raise ValueError(f'unknown phase {phase!r}: use :phase1 or :phase2')

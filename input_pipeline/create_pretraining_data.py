@@ -1,0 +1,249 @@
+r"""Corpus -> NSP/MLM instances -> sharded TFRecords (+ a stats JSON). A CLI.
+
+Accepts google-research/bert's flags and writes its feature names, so files from either side
+read on the other:
+
+  python -m input_pipeline.create_pretraining_data --input_file='corpus/*.txt' \
+    --output_file=data/train --vocab_file=vocab.txt --do_lower_case \
+    --max_seq_length=128 --max_predictions_per_seq=20 --num_shards=8 --num_workers=2
+
+Why not the reference's one big in-memory pass: its users run out of memory on large corpora.
+Here the document stream is cut into windows of about `--window_chars` characters (at document
+boundaries); each window is tokenized, turned into instances exactly as the reference does
+(random next sentences drawn from the same window), shuffled and written to shard
+`window % num_shards`. Memory is one window per worker whatever the corpus size, workers own
+disjoint shards, and every window has its own seed, so the output depends on the seed and
+the shard count but not on the number of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import random
+import time
+from collections.abc import Iterator
+
+from absl import app, flags, logging
+
+from input_pipeline import corpus as corpus_lib
+from input_pipeline import packing
+from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances, to_features
+from input_pipeline.tokenizer import load_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  output_file: str
+  masking: MaskingConfig
+  vocab_file: str | None = None
+  spm_model: str | None = None
+  do_lower_case: bool = True
+  input_file: str | None = None
+  tfds_name: str | None = None
+  tfds_split: str = 'train'
+  tfds_feature: str = 'text'
+  tfds_data_dir: str | None = None
+  skip_bad_lines: bool = False
+  random_seed: int = 12345
+  dupe_factor: int = 10
+  num_shards: int = 1
+  num_workers: int = 1
+  window_chars: int = 2_000_000
+  pack: bool = False
+  max_instances_per_row: int = 3
+
+  def shard_paths(self) -> list[str]:
+    if self.num_shards == 1:
+      return [self.output_file]
+    return [f'{self.output_file}-{i:05d}-of-{self.num_shards:05d}' for i in range(self.num_shards)]
+
+
+def windows(documents: Iterator[list[str]], window_chars: int) -> Iterator[list[list[str]]]:
+  window, size = [], 0
+  for doc in documents:
+    window.append(doc)
+    size += sum(len(s) for s in doc)
+    if size >= window_chars:
+      yield window
+      window, size = [], 0
+  if window:
+    yield window
+
+
+def _serialize(features) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  feature = {}
+  for name, value in features.items():
+    if value.dtype.kind == 'f':
+      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
+    else:
+      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
+  # deterministic: map order otherwise differs between processes, and so would the files.
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
+      deterministic=True)
+
+
+def _run_worker(job: Job, worker: int) -> dict:
+  """Process the windows of the shards this worker owns; write them atomically."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)
+  paths = job.shard_paths()
+  mine = [s for s in range(job.num_shards) if s % job.num_workers == worker]
+  writers = {s: tf.io.TFRecordWriter(paths[s] + '.tmp') for s in mine}
+  stats, corpus_stats = InstanceStats(), corpus_lib.CorpusStats()
+  rows = padding_tokens = 0
+  try:
+    docs = corpus_lib.documents_from_flags(
+        job.input_file, job.tfds_name, tfds_split=job.tfds_split,
+        tfds_feature=job.tfds_feature, tfds_data_dir=job.tfds_data_dir,
+        skip_bad_lines=job.skip_bad_lines, stats=corpus_stats)
+    for index, window in enumerate(windows(docs, job.window_chars)):
+      shard = index % job.num_shards
+      if shard not in writers:
+        continue
+      sentences = [s for doc in window for s in doc]
+      ids = iter(tokenizer.encode_batch(sentences))
+      tokenized = [[t for t in (next(ids) for _ in doc) if t] for doc in window]
+      # Window 0 uses the seed itself: a corpus in one window reproduces the reference.
+      rng = random.Random(job.random_seed if index == 0 else job.random_seed * 1_000_003 + index)
+      instances = create_instances(tokenized, job.masking, tokenizer, rng, job.dupe_factor)
+      for inst in instances:
+        stats.add(inst)
+      if job.pack:
+        groups = packing.pack_instances(instances, job.masking, job.max_instances_per_row)
+        feats = (packing.packed_features(g, job.masking, job.max_instances_per_row)
+                 for g in groups)
+      else:
+        feats = (to_features(inst, job.masking) for inst in instances)
+      for f in feats:
+        rows += 1
+        padding_tokens += int((f['input_mask'] == 0).sum())
+        writers[shard].write(_serialize(f))
+  except BaseException:
+    for s, w in writers.items():
+      w.close()
+      os.remove(paths[s] + '.tmp')
+    raise
+  for s, w in writers.items():
+    w.close()
+    os.replace(paths[s] + '.tmp', paths[s])
+  return dict(stats=dataclasses.asdict(stats), corpus=dataclasses.asdict(corpus_stats),
+              rows=rows, padding_tokens=padding_tokens)
+
+
+def _worker_entry(args):
+  return _run_worker(*args)
+
+
+def run(job: Job) -> dict:
+  """Write all shards and `<output_file>.stats.json`; returns the stats."""
+  if job.num_workers < 1 or job.num_shards < 1:
+    raise ValueError('--num_workers and --num_shards must be at least 1')
+  if job.num_workers > job.num_shards:
+    raise ValueError(f'--num_workers={job.num_workers} exceeds --num_shards={job.num_shards}: '
+                     'a worker owns whole shards, so raise --num_shards')
+  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
+  os.makedirs(os.path.dirname(os.path.abspath(job.output_file)), exist_ok=True)
+  start = time.time()
+  if job.num_workers == 1:
+    results = [_run_worker(job, 0)]
+  else:
+    with multiprocessing.get_context('spawn').Pool(job.num_workers) as pool:
+      results = pool.map(_worker_entry, [(job, w) for w in range(job.num_workers)])
+  stats = InstanceStats()
+  for r in results:
+    stats.merge(InstanceStats(**r['stats']))
+  rows = sum(r['rows'] for r in results)
+  padding = sum(r['padding_tokens'] for r in results)
+  seq = job.masking.max_seq_length
+  masked = max(stats.masked, 1)
+  summary = {
+      'instances': stats.instances, 'rows': rows, 'tokens': stats.tokens,
+      'documents': results[0]['corpus']['documents'],
+      'seconds': round(time.time() - start, 2),
+      'instances_per_second': round(stats.instances / max(time.time() - start, 1e-9), 1),
+      'padding_fraction_unpacked': round(1 - stats.tokens / max(stats.instances * seq, 1), 4),
+      'padding_fraction': round(padding / max(rows * seq, 1), 4),
+      'masked_fraction': round(stats.masked / max(stats.tokens, 1), 4),
+      'replacement_split': {'mask': round(stats.mask_token / masked, 4),
+                            'random': round(stats.random_token / masked, 4),
+                            'kept': round(stats.kept_token / masked, 4)},
+      'nsp_random_next_fraction': round(stats.random_next / max(stats.instances, 1), 4),
+      'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
+      'files': job.shard_paths(), 'packed': job.pack,
+      'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
+      'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
+  }
+  with open(job.output_file + '.stats.json', 'w') as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """CLI flags, defined only when run as a program (importing must not claim flag names)."""
+  # The reference's flags, same names and meanings.
+  flags.DEFINE_string('input_file', None, 'Input text file(s): comma-separated globs, .gz ok. '
+                      'Omit (and --tfds_name) for the embedded default corpus.')
+  flags.DEFINE_string('output_file', None, 'Output TFRecord path (prefix when --num_shards > 1).')
+  flags.DEFINE_string('vocab_file', None, 'WordPiece vocab.txt.')
+  flags.DEFINE_bool('do_lower_case', True, 'Lower-case the input (uncased models).')
+  flags.DEFINE_bool('do_whole_word_mask', False, 'Mask whole words rather than word pieces.')
+  flags.DEFINE_integer('max_seq_length', 128, 'Maximum sequence length.')
+  flags.DEFINE_integer('max_predictions_per_seq', 20, 'Maximum masked LM predictions per row.')
+  flags.DEFINE_integer('random_seed', 12345, 'Random seed.')
+  flags.DEFINE_integer('dupe_factor', 10, 'Passes over the input, each with new masks.')
+  flags.DEFINE_float('masked_lm_prob', 0.15, 'Masked LM probability.')
+  flags.DEFINE_float('short_seq_prob', 0.1, 'Probability of a shorter random target length.')
+  # Ours.
+  flags.DEFINE_string('spm_model', None, 'SentencePiece .model instead of --vocab_file.')
+  flags.DEFINE_string('tfds_name', None, 'TFDS dataset, e.g. wikipedia/20230601.en.')
+  flags.DEFINE_string('tfds_split', 'train', 'TFDS split.')
+  flags.DEFINE_string('tfds_feature', 'text', 'TFDS text feature.')
+  flags.DEFINE_string('tfds_data_dir', None, 'TFDS data_dir.')
+  flags.DEFINE_bool('skip_bad_lines', False, 'Skip (and count) non-UTF-8 lines instead of failing.')
+  flags.DEFINE_integer('num_shards', 1, 'Output shards.')
+  flags.DEFINE_integer('num_workers', 1, 'Worker processes (each owns whole shards).')
+  flags.DEFINE_integer('window_chars', 2_000_000, 'Characters of text per instance window.')
+  flags.DEFINE_bool('pack', False, 'Pack several instances per row (packed features).')
+  flags.DEFINE_integer('max_instances_per_row', 3, 'With --pack: instances per row at most.')
+  flags.DEFINE_bool('replace_from_full_vocab', False, 'Draw random replacements from the whole '
+                    'vocabulary, [unused] included, as the reference does.')
+
+
+def job_from_flags() -> Job:
+  if not FLAGS.output_file:
+    raise app.UsageError('--output_file is required')
+  masking = MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                          FLAGS.masked_lm_prob, FLAGS.short_seq_prob, FLAGS.do_whole_word_mask,
+                          FLAGS.replace_from_full_vocab)
+  return Job(output_file=FLAGS.output_file, masking=masking, vocab_file=FLAGS.vocab_file,
+             spm_model=FLAGS.spm_model, do_lower_case=FLAGS.do_lower_case,
+             input_file=FLAGS.input_file, tfds_name=FLAGS.tfds_name,
+             tfds_split=FLAGS.tfds_split, tfds_feature=FLAGS.tfds_feature,
+             tfds_data_dir=FLAGS.tfds_data_dir, skip_bad_lines=FLAGS.skip_bad_lines,
+             random_seed=FLAGS.random_seed, dupe_factor=FLAGS.dupe_factor,
+             num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
+             window_chars=FLAGS.window_chars, pack=FLAGS.pack,
+             max_instances_per_row=FLAGS.max_instances_per_row)
+
+
+def main(argv):
+  del argv
+  try:
+    summary = run(job_from_flags())
+  except (ValueError, FileNotFoundError, KeyError) as e:
+    raise app.UsageError(str(e)) from None
+  logging.info('wrote %d rows (%d instances) to %s', summary['rows'], summary['instances'],
+               ', '.join(summary['files']))
+  print(json.dumps({k: v for k, v in summary.items() if k != 'files'}, indent=2))
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

@@ -1,0 +1,187 @@
+"""One tokenizer interface over WordPiece (BERT `vocab.txt`) and SentencePiece.
+
+WordPiece runs on HuggingFace's `tokenizers` library configured exactly as
+`BertTokenizerFast` (BERT normalizer, BERT pre-tokenizer, `##` continuations, 100-char word
+limit), so ids equal HF's on any text and the exported `AutoTokenizer` tokenizes as we did.
+SentencePiece trains/loads a `.model` with the BERT special tokens at fixed ids 0-4.
+
+Both expose `is_word_start(ids)` for whole-word masking and `save_pretrained(dir)` writing the
+HF tokenizer files next to an exported model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+
+
+class Tokenizer:
+  """The interface the pipeline uses; subclasses fill the vocabulary and `encode_batch`."""
+
+  vocab: list[str]
+
+  def __init__(self, vocab: Sequence[str]):
+    self.vocab = list(vocab)
+    self._ids = {t: i for i, t in enumerate(self.vocab)}
+    missing = [t for t in SPECIAL_TOKENS if t not in self._ids]
+    if missing:
+      raise ValueError(f'vocabulary lacks the BERT special tokens {missing}')
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        self._ids[t] for t in SPECIAL_TOKENS)
+    self._word_start = np.array([self._starts_word(t) for t in self.vocab], bool)
+    special = {self._ids[t] for t in SPECIAL_TOKENS}
+    # Random replacements come from real tokens only: not special, not [unusedN] (the
+    # reference draws from the whole vocabulary; a random [unused] token teaches nothing).
+    self.replacement_ids = np.array(
+        [i for i, t in enumerate(self.vocab)
+         if i not in special and not (t.startswith('[unused') and t.endswith(']'))], np.int32)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.vocab)
+
+  def token_to_id(self, token: str) -> int:
+    return self._ids.get(token, self.unk_id)
+
+  def id_to_token(self, i: int) -> str:
+    return self.vocab[i]
+
+  def encode(self, text: str) -> list[int]:
+    return self.encode_batch([text])[0]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    raise NotImplementedError
+
+  def is_word_start(self, ids: np.ndarray) -> np.ndarray:
+    return self._word_start[np.asarray(ids)]
+
+  def _starts_word(self, token: str) -> bool:
+    raise NotImplementedError
+
+  def save_pretrained(self, path: str) -> None:
+    raise NotImplementedError
+
+
+class WordPieceTokenizer(Tokenizer):
+  """BERT WordPiece from a `vocab.txt`, identical to HF `BertTokenizerFast`."""
+
+  def __init__(self, vocab_file: str, do_lower_case: bool = True):
+    from tokenizers import Tokenizer as HFTokenizer  # pylint: disable=g-import-not-at-top
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+    if not os.path.exists(vocab_file):
+      raise FileNotFoundError(f'vocab file {vocab_file}: no such file')
+    with open(vocab_file, encoding='utf-8') as f:
+      vocab = [line.rstrip('\n') for line in f]
+    while vocab and not vocab[-1]:
+      vocab.pop()
+    super().__init__(vocab)
+    self.vocab_file = vocab_file
+    self.do_lower_case = do_lower_case
+    tok = HFTokenizer(models.WordPiece(dict(self._ids), unk_token='[UNK]',
+                                       max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=None, lowercase=do_lower_case)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix='##')
+    tok.post_processor = processors.TemplateProcessing(
+        single='[CLS] $A [SEP]', pair='[CLS] $A [SEP] $B:1 [SEP]:1',
+        special_tokens=[('[CLS]', self.cls_id), ('[SEP]', self.sep_id)])
+    self._tok = tok
+
+  @classmethod
+  def train(cls, sentences: Iterable[str], vocab_size: int, output_dir: str,
+            do_lower_case: bool = True, min_frequency: int = 2) -> 'WordPieceTokenizer':
+    """Learn a WordPiece vocabulary (HF's trainer) and write `output_dir/vocab.txt`."""
+    from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+    trainer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None)
+    trainer.train_from_iterator(sentences, vocab_size=vocab_size, min_frequency=min_frequency,
+                                special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    os.makedirs(output_dir, exist_ok=True)
+    trainer.save_model(output_dir)
+    return cls(os.path.join(output_dir, 'vocab.txt'), do_lower_case)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def _starts_word(self, token: str) -> bool:
+    return not token.startswith('##')
+
+  def save_pretrained(self, path: str) -> None:
+    """vocab.txt + tokenizer.json + configs: what `AutoTokenizer.from_pretrained` reads."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, 'vocab.txt'), 'w', encoding='utf-8') as f:
+      f.write('\n'.join(self.vocab) + '\n')
+    self._tok.save(os.path.join(path, 'tokenizer.json'))
+    specials = dict(pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
+                    sep_token='[SEP]', mask_token='[MASK]')
+    with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
+      json.dump(dict(tokenizer_class='BertTokenizer', do_lower_case=self.do_lower_case,
+                     tokenize_chinese_chars=True, strip_accents=None, model_max_length=512,
+                     **specials), f, indent=2)
+    with open(os.path.join(path, 'special_tokens_map.json'), 'w') as f:
+      json.dump(specials, f, indent=2)
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece `.model` whose ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
+
+  def __init__(self, model_file: str):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    if not os.path.exists(model_file):
+      raise FileNotFoundError(f'SentencePiece model {model_file}: no such file')
+    self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    self.model_file = model_file
+    super().__init__([self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())])
+    if [self._ids[t] for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
+      raise ValueError(f'{model_file}: special tokens are not at ids 0-4; train it with '
+                       'SentencePieceTokenizer.train')
+
+  @classmethod
+  def train(cls, sentences: Iterable[str], vocab_size: int, output_prefix: str,
+            model_type: str = 'unigram', lowercase: bool = True) -> 'SentencePieceTokenizer':
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    if model_type not in ('unigram', 'bpe'):
+      raise ValueError(f'model_type={model_type!r}: expected unigram or bpe')
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=output_prefix, vocab_size=vocab_size,
+        model_type=model_type, pad_id=0, pad_piece='[PAD]', unk_id=1, unk_piece='[UNK]',
+        bos_id=-1, eos_id=-1, user_defined_symbols=['[CLS]', '[SEP]', '[MASK]'],
+        normalization_rule_name='nmt_nfkc_cf' if lowercase else 'nmt_nfkc',
+        hard_vocab_limit=False, minloglevel=2)
+    return cls(output_prefix + '.model')
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._sp.encode(list(texts))
+
+  def _starts_word(self, token: str) -> bool:
+    return token.startswith('\u2581') or token in SPECIAL_TOKENS
+
+  def save_pretrained(self, path: str) -> None:
+    """The .model plus a `tokenizer.json` converted by transformers' SentencePiece converter."""
+    import shutil  # pylint: disable=g-import-not-at-top
+    os.makedirs(path, exist_ok=True)
+    shutil.copyfile(self.model_file, os.path.join(path, 'spiece.model'))
+    from transformers import AlbertTokenizerFast  # pylint: disable=g-import-not-at-top
+    with tempfile.TemporaryDirectory() as tmp:
+      fast = AlbertTokenizerFast(vocab_file=os.path.join(path, 'spiece.model'),
+                                 do_lower_case=False, keep_accents=True, pad_token='[PAD]',
+                                 unk_token='[UNK]', cls_token='[CLS]', sep_token='[SEP]',
+                                 mask_token='[MASK]')
+      fast.save_pretrained(tmp)
+      for name in os.listdir(tmp):
+        shutil.copyfile(os.path.join(tmp, name), os.path.join(path, name))
+
+
+def load_tokenizer(vocab_file: str | None = None, spm_model: str | None = None,
+                   do_lower_case: bool = True) -> Tokenizer:
+  if bool(vocab_file) == bool(spm_model):
+    raise ValueError('give exactly one of --vocab_file (WordPiece) or --spm_model (SentencePiece)')
+  if vocab_file:
+    return WordPieceTokenizer(vocab_file, do_lower_case)
+  return SentencePieceTokenizer(spm_model)

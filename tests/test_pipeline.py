@@ -1,0 +1,305 @@
+"""Corpus, tokenizer, instance creation, packing and the tf.data reader."""
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib, packing
+from input_pipeline.instances import MaskingConfig, create_instances
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+DATA = os.path.join(os.path.dirname(__file__), 'data')
+VOCAB = os.path.join(DATA, 'bert_uncased_vocab.txt')
+REFERENCE_128 = os.path.join(DATA, 'reference_kjv_L128_P20_d1.tfrecord')
+
+
+@pytest.fixture(scope='module')
+def docs():
+  return list(corpus.embedded_documents())[:400]
+
+
+@pytest.fixture(scope='module')
+def corpus_file(tmp_path_factory, docs):
+  path = str(tmp_path_factory.mktemp('corpus') / 'docs.txt')
+  corpus.write_text_file(docs, path)
+  return path
+
+
+@pytest.fixture(scope='module')
+def tokenizer():
+  return WordPieceTokenizer(VOCAB, do_lower_case=True)
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_text_files_gz_and_globs(tmp_path):
+  (tmp_path / 'a.txt').write_text('One.\nTwo.\n\nThree.\n')
+  with gzip.open(tmp_path / 'b.txt.gz', 'wt') as f:
+    f.write('Four.\nFive.\n')
+  (tmp_path / 'empty.txt').write_text('\n\n')
+  stats = corpus.CorpusStats()
+  got = list(corpus.read_text_files(str(tmp_path / '*'), stats=stats))
+  assert got == [['One.', 'Two.'], ['Three.'], ['Four.', 'Five.']]
+  assert stats.files == 3 and stats.empty_files == 1 and stats.documents == 3
+
+
+def test_non_utf8_line_names_file_and_line_or_is_skipped_and_counted(tmp_path):
+  path = tmp_path / 'bad.txt'
+  path.write_bytes(b'Fine line.\nAnother.\n\xff\xfe broken\nLast.\n')
+  with pytest.raises(ValueError, match=r'bad.txt, line 3: not UTF-8.*--skip_bad_lines'):
+    list(corpus.read_text_files(str(path)))
+  stats = corpus.CorpusStats()
+  assert list(corpus.read_text_files(str(path), skip_bad_lines=True, stats=stats)) == [
+      ['Fine line.', 'Another.', 'Last.']]
+  assert stats.bad_lines == 1
+
+
+def test_missing_input_is_a_clear_error():
+  with pytest.raises(FileNotFoundError, match="input file '/nope/\\*.txt': no such file"):
+    list(corpus.read_text_files('/nope/*.txt'))
+
+
+def test_sentence_splitter():
+  assert corpus.split_sentences('It works. Does it? Yes! e.g. this stays.\n\nNew para.') == [
+      'It works.', 'Does it?', 'Yes! e.g. this stays.', 'New para.']
+
+
+def test_embedded_corpus_is_real_prose(docs):
+  words = sum(len(s.split()) for d in docs for s in d)
+  assert len(docs) == 400 and words > 15_000
+  assert all(len(d) >= 2 for d in docs)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def test_wordpiece_ids_equal_hf_bert_tokenizer_fast_on_every_line(docs, tokenizer, tmp_path):
+  import transformers
+  hf_tok = transformers.BertTokenizerFast(vocab=VOCAB, do_lower_case=True)
+  lines = [s for d in docs for s in d] + ['Ünïcödé naïve café 東京 ﬁ tab\there', 'x' * 150]
+  ours = tokenizer.encode_batch(lines)
+  theirs = hf_tok(lines, add_special_tokens=False)['input_ids']
+  assert ours == theirs
+  # What we export is what transformers loads back.
+  tokenizer.save_pretrained(str(tmp_path))
+  auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert auto(lines, add_special_tokens=False)['input_ids'] == ours
+  assert auto('a b')['input_ids'][0] == tokenizer.cls_id
+
+
+def test_word_starts_for_whole_word_masking(tokenizer):
+  ids = tokenizer.encode('tokenization unaffable')
+  tokens = [tokenizer.id_to_token(i) for i in ids]
+  assert tokens == ['token', '##ization', 'una', '##ffa', '##ble']
+  assert tokenizer.is_word_start(ids).tolist() == [True, False, True, False, False]
+  assert 103 not in tokenizer.replacement_ids and 1 not in tokenizer.replacement_ids  # [MASK], [unused0]
+
+
+def test_sentencepiece_train_and_load(tmp_path, docs):
+  from input_pipeline.tokenizer import SentencePieceTokenizer
+  tok = SentencePieceTokenizer.train((s for d in docs for s in d), 600, str(tmp_path / 'sp'))
+  assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
+  ids = tok.encode('Return the value of the object.')
+  assert ids and all(i > 4 for i in ids)
+  assert tok.is_word_start(ids)[0]
+
+
+# ----------------------------------------------------------------------------- instances
+
+
+def test_instances_follow_the_reference_rules(docs, tokenizer):
+  import random
+  tokenized = [[ids for ids in tokenizer.encode_batch(d) if ids] for d in docs]
+  cfg = MaskingConfig(max_seq_length=128, max_predictions_per_seq=20)
+  instances = create_instances(tokenized, cfg, tokenizer, random.Random(1), dupe_factor=2)
+  assert len(instances) > 500
+  n_masked = n_mask = n_kept = n_rand = 0
+  for inst in instances:
+    t = inst.tokens
+    assert len(t) <= 128 and t[0] == tokenizer.cls_id and t[-1] == tokenizer.sep_id
+    assert t.count(tokenizer.sep_id) - sum(1 for p in inst.masked_positions
+                                           if inst.masked_labels[inst.masked_positions.index(p)]
+                                           == tokenizer.sep_id) >= 2
+    first_sep = inst.segment_ids.index(1) - 1
+    assert inst.segment_ids[:first_sep + 1] == [0] * (first_sep + 1)
+    assert len(inst.masked_positions) == min(20, max(1, round(len(t) * 0.15)))
+    assert inst.masked_positions == sorted(inst.masked_positions)
+    for p, label in zip(inst.masked_positions, inst.masked_labels):
+      assert label not in (tokenizer.cls_id, tokenizer.sep_id)
+      n_mask += t[p] == tokenizer.mask_id
+      n_kept += t[p] == label
+      n_rand += t[p] not in (label, tokenizer.mask_id)
+    n_masked += len(inst.masked_positions)
+  assert abs(n_mask / n_masked - 0.8) < 0.015
+  assert abs(n_kept / n_masked - 0.1) < 0.015 and abs(n_rand / n_masked - 0.1) < 0.015
+
+
+def test_whole_word_masking_masks_whole_words(docs, tokenizer):
+  import random
+  tokenized = [[ids for ids in tokenizer.encode_batch(d) if ids] for d in docs[:100]]
+  cfg = MaskingConfig(do_whole_word_mask=True)
+  for inst in create_instances(tokenized, cfg, tokenizer, random.Random(2)):
+    masked = set(inst.masked_positions)
+    original = list(inst.tokens)
+    for p, label in zip(inst.masked_positions, inst.masked_labels):
+      original[p] = label
+    starts = tokenizer.is_word_start(original)
+    for p in masked:  # a masked continuation piece means the piece before it is masked too
+      if not starts[p] and original[p - 1] not in (tokenizer.cls_id, tokenizer.sep_id):
+        assert p - 1 in masked
+
+
+# ----------------------------------------------------------------------------- TFRecords
+
+
+def _job(corpus_file, out, **kw):
+  return cpd.Job(output_file=str(out), masking=MaskingConfig(), vocab_file=VOCAB,
+                 input_file=corpus_file, dupe_factor=kw.pop('dupe_factor', 2),
+                 window_chars=kw.pop('window_chars', 20_000), **kw)
+
+
+def _raw_records(path):
+  return [bytes(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+
+
+def test_records_have_the_reference_feature_names_and_types(corpus_file, tmp_path):
+  stats = cpd.run(_job(corpus_file, tmp_path / 'ours.tfrecord'))
+  ours = tf.train.Example.FromString(_raw_records(str(tmp_path / 'ours.tfrecord'))[0])
+  ref = tf.train.Example.FromString(_raw_records(REFERENCE_128)[0])
+  kinds = lambda ex: {k: (v.WhichOneof('kind'), len(getattr(v, v.WhichOneof('kind')).value))
+                      for k, v in ex.features.feature.items()}
+  assert kinds(ours) == kinds(ref)
+  assert stats['instances'] == stats['rows'] > 100
+  assert abs(stats['masked_fraction'] - 0.15) < 0.01
+  summary = json.load(open(str(tmp_path / 'ours.tfrecord') + '.stats.json'))
+  assert summary['replacement_split']['mask'] == pytest.approx(0.8, abs=0.03)
+
+
+def test_output_depends_on_seed_and_shards_not_on_workers(corpus_file, tmp_path):
+  one = _job(corpus_file, tmp_path / 'a' / 'train', num_shards=2, num_workers=1)
+  two = _job(corpus_file, tmp_path / 'b' / 'train', num_shards=2, num_workers=2)
+  cpd.run(one)
+  cpd.run(two)
+  for pa, pb in zip(one.shard_paths(), two.shard_paths()):
+    assert _raw_records(pa) == _raw_records(pb)
+  other_seed = _job(corpus_file, tmp_path / 'c' / 'train', num_shards=2, random_seed=7)
+  cpd.run(other_seed)
+  assert _raw_records(other_seed.shard_paths()[0]) != _raw_records(one.shard_paths()[0])
+
+
+def test_bad_cli_input_is_a_clear_error(corpus_file, tmp_path):
+  with pytest.raises(FileNotFoundError, match='vocab file /nope/vocab.txt: no such file'):
+    cpd.run(cpd.Job(output_file=str(tmp_path / 'x'), masking=MaskingConfig(),
+                    vocab_file='/nope/vocab.txt', input_file=corpus_file))
+  with pytest.raises(ValueError, match='--num_workers=3 exceeds --num_shards=2'):
+    cpd.run(_job(corpus_file, tmp_path / 'y', num_shards=2, num_workers=3))
+  bad = tmp_path / 'bad.txt'
+  bad.write_bytes(b'ok\n\xff\n')
+  with pytest.raises(ValueError, match='bad.txt, line 2: not UTF-8'):
+    cpd.run(_job(str(bad), tmp_path / 'z'))
+  assert not os.path.exists(tmp_path / 'z') and not os.path.exists(str(tmp_path / 'z') + '.tmp')
+
+
+def test_packed_rows_are_consistent(corpus_file, tmp_path):
+  job = _job(corpus_file, tmp_path / 'packed', pack=True, max_instances_per_row=3)
+  stats = cpd.run(job)
+  assert stats['rows'] < stats['instances']
+  assert stats['padding_fraction'] < stats['padding_fraction_unpacked']
+  cfg = data_lib.ReaderConfig(files=job.output_file, batch_size=16, packed=True)
+  for batch in data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)):
+    for r in range(16):
+      seg, pos = batch['packed_segment_ids'][r], batch['position_ids'][r]
+      k = int(seg.max())
+      if k == 0:
+        continue  # eval padding row
+      for j in range(1, k + 1):
+        idx = np.nonzero(seg == j)[0]
+        assert (np.diff(idx) == 1).all()  # contiguous
+        assert (pos[idx] == np.arange(len(idx))).all()  # positions restart
+        assert batch['next_sentence_positions'][r][j - 1] == idx[0]
+        assert batch['input_ids'][r][idx[0]] == 101  # [CLS]
+      w = batch['masked_lm_weights'][r] > 0
+      assert (seg[batch['masked_lm_positions'][r][w]] > 0).all()
+      assert batch['next_sentence_weights'][r].sum() == k
+      assert (batch['input_mask'][r] == (seg > 0)).all()
+
+
+# ----------------------------------------------------------------------------- reader
+
+
+def test_reader_takes_the_reference_records_unchanged():
+  cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=8)
+  batches = list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)))
+  assert len(batches) == 32
+  ex = tf.train.Example.FromString(_raw_records(REFERENCE_128)[0]).features.feature
+  np.testing.assert_array_equal(batches[0]['input_ids'][0], ex['input_ids'].int64_list.value)
+  np.testing.assert_array_equal(batches[0]['masked_lm_weights'][0],
+                                ex['masked_lm_weights'].float_list.value)
+  assert batches[0]['next_sentence_labels'].shape == (8, 1)
+
+
+def test_restore_mid_epoch_gives_the_same_next_batches(corpus_file, tmp_path):
+  job = _job(corpus_file, tmp_path / 'train', num_shards=3)
+  cpd.run(job)
+  cfg = data_lib.ReaderConfig(files=str(tmp_path / 'train-*'), batch_size=8, shuffle_buffer=50,
+                              seed=3)
+  it = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
+  for _ in range(7):
+    next(it)
+  it.save(str(tmp_path / 'it' / 'ckpt'))
+  expected = [next(it)['input_ids'] for _ in range(5)]
+  fresh = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
+  fresh.restore(str(tmp_path / 'it' / 'ckpt'))
+  for want in expected:
+    np.testing.assert_array_equal(next(fresh)['input_ids'], want)
+  # And the same seed gives the same stream from the start.
+  a = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
+  b = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
+  np.testing.assert_array_equal(next(a)['input_ids'], next(b)['input_ids'])
+
+
+def test_processes_read_disjoint_records():
+  def rows(index, count):
+    cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4)
+    ds = data_lib.make_dataset(cfg, training=False, process_index=index, process_count=count)
+    return {tuple(r) for b in data_lib.DataIterator(ds) for r, m in
+            zip(b['input_ids'], b['input_mask']) if m.sum()}
+  a, b = rows(0, 2), rows(1, 2)
+  assert not a & b and len(a | b) == 256
+
+
+def test_eval_pads_the_last_batch_with_zero_weight_rows():
+  cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=100)
+  batches = list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)))
+  assert [b['input_ids'].shape[0] for b in batches] == [100, 100, 100]
+  assert batches[-1]['masked_lm_weights'][56:].sum() == 0
+
+
+def test_dynamic_masking_draws_fresh_valid_masks():
+  cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=64, dynamic_masking=True, seed=5)
+  stored = next(data_lib.DataIterator(data_lib.make_dataset(
+      data_lib.ReaderConfig(files=REFERENCE_128, batch_size=256), training=False)))
+  originals = {}
+  for ids, pos, lab, w in zip(stored['input_ids'], stored['masked_lm_positions'],
+                              stored['masked_lm_ids'], stored['masked_lm_weights']):
+    ids = ids.copy()
+    ids[pos[w > 0]] = lab[w > 0]
+    originals[tuple(ids[:8])] = ids
+  batch = next(data_lib.DataIterator(data_lib.make_dataset(cfg, training=True)))
+  masked = changed = 0
+  for ids, pos, lab, w, mask in zip(batch['input_ids'], batch['masked_lm_positions'],
+                                    batch['masked_lm_ids'], batch['masked_lm_weights'],
+                                    batch['input_mask']):
+    p = pos[w > 0]
+    restored = ids.copy()
+    restored[p] = lab[w > 0]
+    assert not np.isin(lab[w > 0], [101, 102]).any()
+    assert len(p) == min(20, max(1, round(mask.sum() * 0.15)))
+    masked += (ids[p] == 103).sum()
+    changed += len(p)
+  assert 0.7 < masked / changed < 0.9
