@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from absl import logging
 
 from bert_jax import checkpointing, flops, optim, sharding as shd
 from bert_jax import train_step as ts
-from bert_jax.model import BertConfig, init_params
+from bert_jax.model import BertConfig
 from input_pipeline import dataset as data_lib
 
 
@@ -44,6 +43,7 @@ def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.Re
       max_predictions_per_seq=d.max_predictions_per_seq, packed=d.packed,
       max_instances_per_row=d.max_instances_per_row, shuffle_buffer=d.shuffle_buffer,
       seed=seed, dynamic_masking=d.dynamic_masking, vocab_size=config.model.vocab_size,
+      threads=d.threads,
       **special_ids(config))
 
 
@@ -165,12 +165,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   shardings = ts.state_shardings(model_cfg, tx, mesh, rules)
   latest = manager.latest_step()
   if latest is not None:
-    abstract = jax.eval_shape(lambda: ts.TrainState(
-        step=np.int32(0), params=init_params(model_cfg, jax.random.key(0)),
-        opt_state=tx.init(init_params(model_cfg, jax.random.key(0))),
-        rng=jax.random.key_data(jax.random.key(0))))
-    state = checkpointing.restore(manager, latest,
-                                  checkpointing.abstract_like(shardings, abstract), train_iter)
+    abstract = checkpointing.abstract_like(shardings, ts.abstract_train_state(model_cfg, tx))
+    state = checkpointing.restore(manager, latest, abstract, train_iter)
     logging.info('resumed from %s step %d', workdir, latest)
   else:
     state = _initial_state(config, model_cfg, tx, mesh, rules)

@@ -121,8 +121,8 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = summarize(sums)
-  metrics.update(learning_rate=schedule(state.step), grad_norm=optax.global_norm(grads),
-                 param_norm=optax.global_norm(params), update_norm=optax.global_norm(updates))
+  metrics.update(learning_rate=schedule(state.step), grad_norm=optax.tree.norm(grads),
+                 param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates))
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -145,6 +145,17 @@ def state_shardings(model_cfg: BertConfig, tx, mesh, rules) -> TrainState:
                                  transform_non_params=lambda _: rep,
                                  is_leaf=lambda x: isinstance(x, NamedSharding))
   return TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
+
+
+def abstract_train_state(model_cfg: BertConfig, tx) -> TrainState:
+  """Shapes and dtypes of the TrainState, allocating nothing (restore targets, AOT)."""
+
+  def build():
+    params = init_params(model_cfg, jax.random.key(0))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=jax.random.key_data(jax.random.key(0)))
+
+  return jax.eval_shape(build)
 
 
 def create_train_state(model_cfg: BertConfig, tx, seed: int, mesh, rules) -> TrainState:

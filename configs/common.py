@@ -34,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.vocab_file = ''  # WordPiece vocab.txt used for the data (exported with the model)
   c.data.spm_model = ''  # or a SentencePiece .model
   c.data.do_lower_case = True
+  c.data.threads = 0  # tf.data threads per process; 0 = all cores (1 leaves XLA room on CPUs)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb

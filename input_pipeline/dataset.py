@@ -43,6 +43,9 @@ class ReaderConfig:
   sep_id: int = 102
   first_real_token_id: int = 5
   masked_lm_prob: float = 0.15
+  # tf.data threads (0 = TF's default, all cores). On a small CPU machine the input pipeline
+  # otherwise competes with XLA for the cores that run the train step.
+  threads: int = 0
 
 
 def list_files(patterns: str) -> list[str]:
@@ -154,7 +157,13 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
   ds = ds.batch(cfg.batch_size, drop_remainder=training)
   if not training:
     ds = ds.map(_pad_to_batch(cfg.batch_size))
-  return ds.prefetch(tf.data.AUTOTUNE)
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  if cfg.threads:
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = cfg.threads
+    options.autotune.cpu_budget = cfg.threads
+    ds = ds.with_options(options)
+  return ds
 
 
 class DataIterator:

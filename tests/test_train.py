@@ -1,0 +1,234 @@
+"""The training system end to end on CPU: learning, resume identity, preemption, export."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpointing, export, train
+from configs import bert_tiny
+from input_pipeline import corpus, create_pretraining_data as cpd
+from input_pipeline.instances import MaskingConfig
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  """A small corpus -> 2,000-word vocab -> 64-token train (3 shards) and eval records."""
+  d = tmp_path_factory.mktemp('data')
+  docs = list(corpus.embedded_documents())[:600]
+  corpus.write_text_file(docs[:560], str(d / 'train.txt'))
+  corpus.write_text_file(docs[560:], str(d / 'eval.txt'))
+  WordPieceTokenizer.train((s for doc in docs for s in doc), 2000, str(d))
+  masking = MaskingConfig(max_seq_length=64, max_predictions_per_seq=10)
+  for split, shards in (('train', 3), ('eval', 1)):
+    cpd.run(cpd.Job(output_file=str(d / split), masking=masking, vocab_file=str(d / 'vocab.txt'),
+                    input_file=str(d / f'{split}.txt'), dupe_factor=2, num_shards=shards,
+                    window_chars=30_000))
+  return d
+
+
+def overrides(data, steps=30, **extra):
+  values = {
+      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'data.eval_files': str(data / 'eval'), 'data.vocab_file': str(data / 'vocab.txt'),
+      'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10, 'data.shuffle_buffer': 200,
+      'train.num_steps': steps, 'train.global_batch_size': 16, 'train.log_every': 1,
+      'train.eval_every': 1000, 'train.eval_steps': 4, 'train.checkpoint_every': 5,
+      'optimizer.learning_rate': 1e-3, 'optimizer.warmup_steps': 5,
+  }
+  values.update(extra)
+  return values
+
+
+def config_with(values):
+  config = bert_tiny.get_config()
+  for key, value in values.items():
+    node = config
+    *path, last = key.split('.')
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return config
+
+
+def logged_losses(workdir):
+  """Last logged train loss per step (a resumed run re-logs steps after its checkpoint)."""
+  out = {}
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      r = json.loads(line)
+      if 'train/loss' in r:
+        out[r['step']] = r['train/loss']
+  return out
+
+
+def main_command(workdir, values):
+  cmd = [sys.executable, '-m', 'bert_jax.main', '--config=configs/bert_tiny.py',
+         f'--workdir={workdir}']
+  return cmd + [f'--config.{k}={v}' for k, v in values.items()]
+
+
+def run_main(workdir, values, timeout=300):
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  return subprocess.run(main_command(workdir, values), cwd=ROOT, env=env, timeout=timeout,
+                        capture_output=True, text=True)
+
+
+def start_main(workdir, values):
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  return subprocess.Popen(main_command(workdir, values), cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(workdir, step, proc, timeout=300):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')) and \
+        max(logged_losses(workdir), default=0) >= step:
+      return
+    if proc.poll() is not None:
+      raise AssertionError(f'run ended early: {proc.stderr.read()[-3000:]}')
+    time.sleep(0.2)
+  raise AssertionError(f'step {step} not reached in {timeout}s')
+
+
+def test_tiny_learns_and_evaluates(data, tmp_path):
+  result = train.train_and_evaluate(config_with(overrides(data, steps=40)), str(tmp_path))
+  losses = logged_losses(str(tmp_path))
+  assert sorted(losses) == list(range(1, 41))
+  first, last = np.mean([losses[s] for s in range(1, 6)]), np.mean([losses[s] for s in range(36, 41)])
+  assert last < first - 0.5, (first, last)
+  assert 0 <= result['eval']['mlm_accuracy'] <= 1 and math.isfinite(result['eval']['mlm_loss'])
+  assert checkpointing.make_manager(str(tmp_path)).latest_step() == 40
+
+
+def test_kill_9_then_resume_gives_bit_identical_losses(data, tmp_path):
+  values = overrides(data, steps=30)
+  whole = run_main(str(tmp_path / 'whole'), values)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  proc = start_main(str(tmp_path / 'killed'), values)
+  wait_for_step(str(tmp_path / 'killed'), 15, proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = max(logged_losses(str(tmp_path / 'killed')))
+  assert killed_at < 30, 'the run finished before it could be killed'
+  resumed = run_main(str(tmp_path / 'killed'), values)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  a, b = logged_losses(str(tmp_path / 'whole')), logged_losses(str(tmp_path / 'killed'))
+  assert [a[s] for s in range(16, 31)] == [b[s] for s in range(16, 31)]
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_zero(data, tmp_path):
+  proc = start_main(str(tmp_path), overrides(data, steps=200))
+  wait_for_step(str(tmp_path), 6, proc)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+  saved = checkpointing.make_manager(str(tmp_path)).latest_step()
+  assert saved == max(logged_losses(str(tmp_path))) and 6 <= saved < 200
+
+
+def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
+  # A constant schedule, so that stopping at step 6 (num_steps=6) changes nothing else.
+  run = lambda steps, mesh, name: train.train_and_evaluate(config_with(overrides(
+      data, steps=steps, mesh=mesh, **{'optimizer.schedule': 'constant'})), str(tmp_path / name))
+  run(12, (8, 1, 1), 'ref')
+  run(6, (2, 2, 2), 'moved')
+  run(12, (1, 8, 1), 'moved')
+  a, b = logged_losses(str(tmp_path / 'ref')), logged_losses(str(tmp_path / 'moved'))
+  np.testing.assert_allclose([a[s] for s in range(7, 13)], [b[s] for s in range(7, 13)],
+                             atol=2e-5)
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
+  config = config_with(overrides(data, steps=40, **{'optimizer.learning_rate': 1e12,
+                                                    'optimizer.warmup_steps': 0,
+                                                    'optimizer.clip_norm': 0.0}))
+  with pytest.raises(train.NonFiniteError, match=r'step \d+: loss=.* is not finite') as err:
+    train.train_and_evaluate(config, str(tmp_path))
+  bad_step = int(str(err.value).split(':')[0].split()[-1])
+  latest = checkpointing.make_manager(str(tmp_path)).latest_step()
+  assert latest is None or latest < bad_step
+  if latest is not None:
+    _, params = checkpointing.restore_params(str(tmp_path))
+    assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, tmp_path):
+  import torch
+  import transformers
+  workdir = str(tmp_path / 'run')
+  config = config_with(overrides(data, steps=10))
+  train.train_and_evaluate(config, workdir)
+  out = subprocess.run([sys.executable, '-m', 'bert_jax.export', f'--workdir={workdir}',
+                        f'--output={tmp_path / "hf"}'], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, XLA_FLAGS=''), timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  model, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path / 'hf'),
+                                                                 output_loading_info=True)
+  assert not info['missing_keys'] and not info['unexpected_keys']
+  fill = transformers.pipeline('fill-mask', model=str(tmp_path / 'hf'), device='cpu')
+  assert len(fill('Return the [MASK] of the object.', top_k=3)) == 3
+  # The exported weights are the checkpoint's.
+  _, params = checkpointing.restore_params(workdir)
+  np.testing.assert_array_equal(
+      model.bert.embeddings.word_embeddings.weight.detach().numpy(),
+      params['embeddings']['word_embeddings']['embedding'])
+  tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+  ours = WordPieceTokenizer(str(data / 'vocab.txt'))
+  assert tok('Return the value.', add_special_tokens=False)['input_ids'] == ours.encode('Return the value.')
+  del torch
+
+
+def test_export_errors_are_clear(tmp_path):
+  with pytest.raises(FileNotFoundError, match='no checkpoints/ directory'):
+    checkpointing.restore_params(str(tmp_path))
+
+
+def test_phase2_init_from_takes_params_only(data, tmp_path):
+  phase1 = str(tmp_path / 'p1')
+  train.train_and_evaluate(config_with(overrides(data, steps=5)), phase1)
+  values = overrides(data, steps=3, **{'train.init_from': phase1})
+  config = config_with(values)
+  from bert_jax import optim, sharding as shd
+  model_cfg = train.model_config(config)
+  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
+  mesh = shd.make_mesh(tuple(config.mesh))
+  state = train._initial_state(config, model_cfg, tx, mesh, shd.normalize_rules(config.sharding_rules))
+  _, params = checkpointing.restore_params(phase1)
+  assert int(state.step) == 0
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(state.params), params)
+  mu = jax.device_get(state.opt_state[1].mu)
+  assert all((x == 0).all() for x in jax.tree_util.tree_leaves(mu))
+
+
+@pytest.mark.parametrize('name,phases', [('bert_tiny', ['phase1', 'phase2']),
+                                         ('bert_mini', ['phase1', 'phase2']),
+                                         ('bert_base', ['phase1', 'phase2']),
+                                         ('bert_large', ['phase1', 'phase2', 'lamb_phase1',
+                                                         'lamb_phase2'])])
+def test_every_config_builds(name, phases):
+  import importlib
+  from bert_jax import optim
+  module = importlib.import_module(f'configs.{name}')
+  for phase in phases:
+    config = module.get_config(phase)
+    model_cfg = train.model_config(config)
+    optim.from_config(config.optimizer, config.train.num_steps)
+    if 'phase2' in phase:
+      assert config.data.max_seq_length == 512 and config.data.max_predictions_per_seq == 80
+    else:
+      assert config.data.max_seq_length == 128 and config.data.max_predictions_per_seq == 20
+    assert model_cfg.hidden_size % model_cfg.num_heads == 0
+  base = importlib.import_module('configs.bert_base').get_config('phase1')
+  assert (base.train.global_batch_size, base.optimizer.learning_rate, base.train.num_steps,
+          base.optimizer.warmup_steps, base.optimizer.weight_decay) == (256, 1e-4, 900_000, 10_000, 0.01)
