@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Rehearse a multi-host pod on one machine: N CPU processes on localhost, each with
+# DEVICES emulated devices, all running the same bert_jax.main command.
+#
+#   launch/local_pod.sh 2 --config=configs/bert_tiny.py --workdir=/tmp/pod \
+#       --config.data.train_files='data/train-*'
+#
+# Env: DEVICES (per process, default 4), PORT (coordinator, default 12355), PYTHON.
+# Process 0 prints to the console; every process logs to WORKDIR/logs/process_<i>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 NUM_PROCESSES [bert_jax.main flags...]" >&2
+  exit 2
+fi
+num=$1; shift
+devices=${DEVICES:-4}
+port=${PORT:-12355}
+py=${PYTHON:-.venv/bin/python}
+workdir=$(printf '%s\n' "$@" | sed -n 's/^--workdir=//p' | tail -1)
+[ -n "$workdir" ] || { echo "$0: --workdir=... is required" >&2; exit 2; }
+mkdir -p "$workdir/logs"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup INT TERM
+for ((i = num - 1; i >= 0; i--)); do
+  env XLA_FLAGS="--xla_force_host_platform_device_count=$devices" JAX_PLATFORMS=cpu \
+    JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo \
+    "$py" -m bert_jax.main "$@" --coordinator_address="localhost:$port" \
+    --num_processes="$num" --process_id="$i" > "$workdir/logs/process_$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=$?; done
+cat "$workdir/logs/process_0.log"
+exit $status
