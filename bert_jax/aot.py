@@ -1,0 +1,101 @@
+r"""Compile the real train step for a TPU topology on a CPU machine (no TPU needed).
+
+  pip install 'jax[tpu]'   # libtpu; compilation is deviceless
+  python -m bert_jax.aot --config=configs/bert_large.py:phase2 --topology=v4:4x4x4
+
+Prints the mesh, per-chip memory (arguments, outputs, temporaries), whether it fits the chip's
+HBM, and the model FLOPs per step, for the config's global batch and sequence length.
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import app, flags
+from ml_collections import config_flags
+
+# HBM per chip, by jax device_kind.
+HBM_BYTES = {'TPU v4': 32 << 30, 'TPU v5 lite': 16 << 30, 'TPU v5e': 16 << 30,
+             'TPU v5p': 95 << 30, 'TPU v5': 95 << 30, 'TPU v6 lite': 32 << 30}
+
+
+def topology_devices(topology: str, chip_config: str | None = None):
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  generation = topology.split(':')[0]
+  if chip_config is None:
+    chip_config = 'megacore' if generation in ('v4', 'v5p') else 'default'
+  try:
+    topo = topologies.get_topology_desc(platform='tpu', topology_name=topology,
+                                        chip_config_name=chip_config,
+                                        chips_per_host_bounds=(2, 2, 1), num_slices=1)
+  except Exception as e:  # libtpu missing or an unknown topology name
+    raise ValueError(f'--topology={topology!r}: cannot build a TPU topology ({e}); install '
+                     "libtpu with pip install 'jax[tpu]' and use names like v4:4x4x4 or "
+                     'v5e:16x16') from None
+  return topo.devices
+
+
+def hbm_bytes(device_kind: str) -> int | None:
+  for kind in sorted(HBM_BYTES, key=len, reverse=True):
+    if device_kind.startswith(kind):
+      return HBM_BYTES[kind]
+  return None
+
+
+def compile_for(config, devices) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops, optim, sharding as shd, train, train_step as ts
+  model_cfg = train.model_config(config)
+  mesh = shd.make_mesh(tuple(config.mesh), devices)
+  rules = shd.normalize_rules(config.sharding_rules)
+  tx, schedule = optim.from_config(config.optimizer, config.train.num_steps)
+  state = ts.abstract_train_state(model_cfg, tx)
+  b, s, p = (config.train.global_batch_size, config.data.max_seq_length,
+             config.data.max_predictions_per_seq)
+  i32, f32 = jax.numpy.int32, jax.numpy.float32
+  batch = {'input_ids': ((b, s), i32), 'input_mask': ((b, s), i32), 'segment_ids': ((b, s), i32),
+           'masked_lm_positions': ((b, p), i32), 'masked_lm_ids': ((b, p), i32),
+           'masked_lm_weights': ((b, p), f32), 'next_sentence_labels': ((b, 1), i32)}
+  batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in batch.items()}
+  step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, config.train.accum_steps)
+  with shd.activate(mesh, rules):
+    compiled = step.jitted.lower(state, batch).compile()
+  mem = compiled.memory_analysis()
+  per_chip = (mem.argument_size_in_bytes + mem.output_size_in_bytes +
+              mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+  hbm = hbm_bytes(devices[0].device_kind)
+  return {
+      'device_kind': devices[0].device_kind, 'chips': len(devices),
+      'mesh': dict(mesh.shape), 'global_batch': b, 'seq_len': s,
+      'per_chip_gib': round(per_chip / 2**30, 2),
+      'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
+      'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
+      'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
+      'fits': (per_chip <= hbm) if hbm else None,
+      # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
+      'model_tflops_per_step': round(flops.train_flops_per_step(model_cfg, b, s, p) / 1e12, 1),
+  }
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_large.py:phase2')
+  flags.DEFINE_string('topology', 'v4:4x4x4', 'TPU topology, e.g. v4:4x4x4 or v5e:16x16.')
+  flags.DEFINE_string('chip_config', None, 'megacore (v4, v5p) or default; inferred if unset.')
+  flags.mark_flags_as_required(['config'])
+
+
+def main(argv):
+  del argv
+  try:
+    devices = topology_devices(FLAGS.topology, FLAGS.chip_config)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  print(json.dumps({'topology': FLAGS.topology, **compile_for(FLAGS.config, devices)}, indent=2))
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
