@@ -103,7 +103,10 @@ def wait_for_step(workdir, step, proc, timeout=300):
 
 
 def test_tiny_learns_and_evaluates(data, tmp_path):
-  result = train.train_and_evaluate(config_with(overrides(data, steps=40)), str(tmp_path))
+  values = overrides(data, steps=40, **{'train.profile_steps': '3,5'})
+  result = train.train_and_evaluate(config_with(values), str(tmp_path))
+  traces = [f for _, _, files in os.walk(tmp_path / 'profile') for f in files]
+  assert any(f.endswith('.xplane.pb') for f in traces), traces
   losses = logged_losses(str(tmp_path))
   assert sorted(losses) == list(range(1, 41))
   first, last = np.mean([losses[s] for s in range(1, 6)]), np.mean([losses[s] for s in range(36, 41)])
