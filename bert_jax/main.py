@@ -33,8 +33,20 @@ def main(argv):
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   elif FLAGS.tpu:
     jax.distributed.initialize()
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  try:
+    result = run_mode(FLAGS.config)
+  except (FileNotFoundError, ValueError, train.NonFiniteError) as e:
+    # Our own errors say what is wrong and what to do; a traceback adds nothing for users.
+    logging.error('%s', e)
+    raise SystemExit(f'error: {e}') from None
+  if jax.process_index() == 0:
+    logging.info('result: %s', result)
+    print(json.dumps(result, indent=2, default=str))
+
+
+def run_mode(config) -> dict:
   from bert_jax import export, train  # pylint: disable=g-import-not-at-top
-  config = FLAGS.config
   if FLAGS.mode == 'train':
     if not config.data.train_files:
       raise app.UsageError('--config.data.train_files is empty: point it at TFRecords from '
@@ -46,9 +58,7 @@ def main(argv):
     if not FLAGS.output:
       raise app.UsageError('--mode=export needs --output')
     result = {'exported': export.export_workdir(FLAGS.workdir, FLAGS.output, config=config)}
-  if jax.process_index() == 0:
-    logging.info('result: %s', result)
-    print(json.dumps(result, indent=2, default=str))
+  return result
 
 
 if __name__ == '__main__':

@@ -192,6 +192,15 @@ def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, tmp_p
   del torch
 
 
+def test_main_reports_bad_input_without_a_traceback(data, tmp_path):
+  out = run_main(str(tmp_path), overrides(data, **{'data.train_files': '/nope/train-*'}))
+  assert out.returncode != 0
+  assert "error: data files '/nope/train-*': no such file" in out.stderr
+  assert 'Traceback' not in out.stderr
+  out = run_main(str(tmp_path), overrides(data, **{'mesh': '(3,1,1)'}))
+  assert out.returncode != 0 and 'config.mesh=[3, 1, 1] has 3 slots for 1 devices' in out.stderr
+
+
 def test_export_errors_are_clear(tmp_path):
   with pytest.raises(FileNotFoundError, match='no checkpoints/ directory'):
     checkpointing.restore_params(str(tmp_path))
