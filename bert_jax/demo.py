@@ -64,14 +64,12 @@ def prepare_data(workdir: str, dupe_factor: int) -> dict[str, str]:
 
 def majority_baseline(eval_files: str) -> float:
   """Accuracy of always predicting the most frequent masked token of the eval set."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from input_pipeline import dataset as data_lib
+  from input_pipeline import dataset as data_lib  # pylint: disable=g-import-not-at-top
   counts: collections.Counter = collections.Counter()
   cfg = data_lib.ReaderConfig(files=eval_files, batch_size=256)
   for batch in data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)):
     ids, w = batch['masked_lm_ids'], batch['masked_lm_weights']
     counts.update(ids[w > 0].tolist())
-  del tf
   return counts.most_common(1)[0][1] / sum(counts.values())
 
 

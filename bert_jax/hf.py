@@ -178,25 +178,30 @@ def _layer_tree(params, cfg: BertConfig, i: int):
   return enc[f'layer_{i}']
 
 
-def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
-  """Our parameter tree -> HF BertForPreTraining state dict (float32 numpy, no tied copies)."""
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  out: StateDict = {}
+def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
+  """Our tree -> HF-keyed, HF-shaped tensors; works on numpy, jax arrays and tracers."""
+  out = {}
   for key, (path, _, to_hf) in _top_map().items():
     name = key if key.startswith('cls.') else prefix + key
-    out[name] = np.ascontiguousarray(to_hf(_get(params, path)))
+    out[name] = to_hf(_get(params, path))
   layer_map = _layer_map(cfg)
   for i in range(cfg.num_layers):
     layer = _layer_tree(params, cfg, i)
     for key, (path, _, to_hf) in layer_map.items():
-      out[f'{prefix}encoder.layer.{i}.{key}'] = np.ascontiguousarray(to_hf(_get(layer, path)))
+      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
   return out
 
 
+def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
+  """Our parameter tree -> HF BertForPreTraining state dict (float32 numpy, no tied copies)."""
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+  return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
+
+
 def _expected_hf_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
-  abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-  shapes = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.int8), abstract)
-  return {_hf_key(k): v.shape for k, v in params_to_hf(shapes, cfg).items()}
+  """HF tensor shapes implied by `cfg`, computed abstractly (no model-sized allocation)."""
+  shapes = jax.eval_shape(lambda: _to_hf_tree(init_params(cfg, jax.random.key(0)), cfg))
+  return {_hf_key(k): tuple(v.shape) for k, v in shapes.items()}
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib, packing
+from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib
 from input_pipeline.instances import MaskingConfig, create_instances
 from input_pipeline.tokenizer import WordPieceTokenizer
 

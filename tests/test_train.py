@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, export, train
+from bert_jax import checkpointing, train
 from configs import bert_tiny
 from input_pipeline import corpus, create_pretraining_data as cpd
 from input_pipeline.instances import MaskingConfig
