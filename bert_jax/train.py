@@ -122,7 +122,7 @@ def evaluate(eval_step, params, config, batch_size: int, mesh) -> dict[str, floa
   ds = data_lib.make_dataset(cfg, training=False, process_index=jax.process_index(),
                              process_count=jax.process_count())
   totals: dict[str, float] = {}
-  for i, batch in enumerate(data_lib.DataIterator(ds)):
+  for i, batch in enumerate(data_lib.DataIterator(ds, config.data.eval_files)):
     if i >= config.train.eval_steps:
       break
     sums = jax.device_get(eval_step(params, shd.global_batch(batch, mesh)))
@@ -163,7 +163,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   train_ds = data_lib.make_dataset(
       reader_config(config, config.data.train_files, batch_size, config.seed), training=True,
       process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = data_lib.DataIterator(train_ds)
+  train_iter = data_lib.DataIterator(train_ds, config.data.train_files)
 
   # --- state: resume, or fresh (optionally from a phase-1 workdir)
   manager = checkpointing.make_manager(workdir, max_to_keep=t.keep_checkpoints,

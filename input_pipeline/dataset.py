@@ -169,15 +169,23 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
 class DataIterator:
   """Numpy batches from a tf.data pipeline; its position saves and restores exactly."""
 
-  def __init__(self, dataset: tf.data.Dataset):
+  def __init__(self, dataset: tf.data.Dataset, source: str = ''):
     self._iterator = iter(dataset)
     self._ckpt = tf.train.Checkpoint(iterator=self._iterator)
+    self._source = source
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in next(self._iterator).items()}
+    try:
+      return {k: v.numpy() for k, v in next(self._iterator).items()}
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+      reason = e.message.strip().splitlines()[0][:300]
+      raise ValueError(
+          f'data files {self._source!r}: corrupt, or not BERT TFRecords of this '
+          f'max_seq_length/max_predictions_per_seq/packed setting ({reason}); re-create them '
+          'with python -m input_pipeline.create_pretraining_data') from None
 
   def save(self, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)

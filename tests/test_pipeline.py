@@ -263,6 +263,17 @@ def test_restore_mid_epoch_gives_the_same_next_batches(corpus_file, tmp_path):
   np.testing.assert_array_equal(next(a)['input_ids'], next(b)['input_ids'])
 
 
+def test_corrupt_or_mismatched_records_name_the_files(tmp_path):
+  corrupt = tmp_path / 'corrupt.tfrecord'
+  corrupt.write_bytes(open(REFERENCE_128, 'rb').read()[:5000])
+  cfg = data_lib.ReaderConfig(files=str(corrupt), batch_size=4)
+  with pytest.raises(ValueError, match=r"data files '.*corrupt.tfrecord': corrupt.*truncated record"):
+    list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False), cfg.files))
+  wrong_length = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4, max_seq_length=512)
+  with pytest.raises(ValueError, match='not BERT TFRecords of this max_seq_length'):
+    next(data_lib.DataIterator(data_lib.make_dataset(wrong_length, training=False), REFERENCE_128))
+
+
 def test_processes_read_disjoint_records():
   def rows(index, count):
     cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4)
