@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from absl import app, flags, logging
 
 from input_pipeline import corpus as corpus_lib
-from input_pipeline import packing
-from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances, to_features
+from input_pipeline import example_codec, masking, packing, tfrecord
+from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances
 from input_pipeline.tokenizer import load_tokenizer
 
 
@@ -54,6 +54,7 @@ class Job:
   window_chars: int = 2_000_000
   pack: bool = False
   max_instances_per_row: int = 3
+  exact_reference_rng: bool = False
 
   def shard_paths(self) -> list[str]:
     if self.num_shards == 1:
@@ -73,26 +74,22 @@ def windows(documents: Iterator[list[str]], window_chars: int) -> Iterator[list[
     yield window
 
 
-def _serialize(features) -> bytes:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  feature = {}
-  for name, value in features.items():
-    if value.dtype.kind == 'f':
-      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
-    else:
-      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
-  # deterministic: map order otherwise differs between processes, and so would the files.
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
-      deterministic=True)
+def _window_block(job: Job, tokenized: list[list[list[int]]], tokenizer, index: int):
+  # Window 0 uses the seed itself: a corpus in one window follows the reference's stream.
+  seed = job.random_seed if index == 0 else job.random_seed * 1_000_003 + index
+  if job.exact_reference_rng:
+    instances = create_instances(tokenized, job.masking, tokenizer, random.Random(seed),
+                                 job.dupe_factor)
+    return masking.block_from_instances(instances, job.masking)
+  return masking.create_block(tokenized, job.masking, tokenizer, seed, job.dupe_factor)
 
 
 def _run_worker(job: Job, worker: int) -> dict:
   """Process the windows of the shards this worker owns; write them atomically."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)
   paths = job.shard_paths()
   mine = [s for s in range(job.num_shards) if s % job.num_workers == worker]
-  writers = {s: tf.io.TFRecordWriter(paths[s] + '.tmp') for s in mine}
+  writers = {s: tfrecord.TFRecordWriter(paths[s]) for s in mine}
   stats, corpus_stats = InstanceStats(), corpus_lib.CorpusStats()
   rows = padding_tokens = 0
   try:
@@ -107,29 +104,23 @@ def _run_worker(job: Job, worker: int) -> dict:
       sentences = [s for doc in window for s in doc]
       ids = iter(tokenizer.encode_batch(sentences))
       tokenized = [[t for t in (next(ids) for _ in doc) if t] for doc in window]
-      # Window 0 uses the seed itself: a corpus in one window reproduces the reference.
-      rng = random.Random(job.random_seed if index == 0 else job.random_seed * 1_000_003 + index)
-      instances = create_instances(tokenized, job.masking, tokenizer, rng, job.dupe_factor)
-      for inst in instances:
-        stats.add(inst)
+      block = _window_block(job, tokenized, tokenizer, index)
+      stats.add_block(block)
       if job.pack:
-        groups = packing.pack_instances(instances, job.masking, job.max_instances_per_row)
-        feats = (packing.packed_features(g, job.masking, job.max_instances_per_row)
-                 for g in groups)
+        features = packing.pack_block(block, job.masking, job.max_instances_per_row)
       else:
-        feats = (to_features(inst, job.masking) for inst in instances)
-      for f in feats:
-        rows += 1
-        padding_tokens += int((f['input_mask'] == 0).sum())
-        writers[shard].write(_serialize(f))
+        features = block.features()
+      rows += len(features['input_ids'])
+      padding_tokens += int((features['input_mask'] == 0).sum())
+      for start in range(0, len(features['input_ids']), 4096):
+        writers[shard].write_many(example_codec.encode_examples(
+            {k: v[start:start + 4096] for k, v in features.items()}))
   except BaseException:
-    for s, w in writers.items():
-      w.close()
-      os.remove(paths[s] + '.tmp')
+    for w in writers.values():
+      w.abort()
     raise
-  for s, w in writers.items():
+  for w in writers.values():
     w.close()
-    os.replace(paths[s] + '.tmp', paths[s])
   return dict(stats=dataclasses.asdict(stats), corpus=dataclasses.asdict(corpus_stats),
               rows=rows, padding_tokens=padding_tokens)
 
@@ -212,6 +203,9 @@ def define_flags():
   flags.DEFINE_integer('window_chars', 2_000_000, 'Characters of text per instance window.')
   flags.DEFINE_bool('pack', False, 'Pack several instances per row (packed features).')
   flags.DEFINE_integer('max_instances_per_row', 3, 'With --pack: instances per row at most.')
+  flags.DEFINE_bool('exact_reference_rng', False, 'Mask instance by instance with the '
+                    "reference's random stream (slow; with --replace_from_full_vocab and one "
+                    'window it reproduces the reference\'s instances).')
   flags.DEFINE_bool('replace_from_full_vocab', False, 'Draw random replacements from the whole '
                     'vocabulary, [unused] included, as the reference does.')
 
@@ -230,7 +224,8 @@ def job_from_flags() -> Job:
              random_seed=FLAGS.random_seed, dupe_factor=FLAGS.dupe_factor,
              num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
              window_chars=FLAGS.window_chars, pack=FLAGS.pack,
-             max_instances_per_row=FLAGS.max_instances_per_row)
+             max_instances_per_row=FLAGS.max_instances_per_row,
+             exact_reference_rng=FLAGS.exact_reference_rng)
 
 
 def main(argv):

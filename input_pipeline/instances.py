@@ -1,12 +1,16 @@
 """NSP sentence pairs and MLM masking with google-research/bert's exact semantics.
 
-`create_instances_from_document` and `mask_tokens` follow the reference's
+`pair_spans` (sentence pairs) and `mask_tokens` (masking) follow the reference's
 `create_pretraining_data.py` step for step and draw from a `random.Random` in the same order:
 target length with `short_seq_prob`, segment A from a random number of sentence chunks, B the
 actual continuation or (50%, or always for a one-chunk document) text from another document
 with the unused chunks put back, truncation of the longer segment from a random end, at most
 `max_predictions_per_seq` of round(15%) positions masked, 80% [MASK] / 10% random / 10% kept,
 never [CLS]/[SEP], whole-word masking optional. Tokens are ids, not strings.
+
+`create_instances` interleaves them as the reference does and reproduces its random stream;
+data creation by default pairs with `pair_spans` (O(1) truncation) and masks whole blocks at once with
+`masking.mask_block` (same rules, numpy random stream, far faster).
 
 One documented choice: by default random replacements come from `tokenizer.replacement_ids`
 (real tokens, no specials or [unused]); the reference draws from the whole vocabulary, which
@@ -16,10 +20,12 @@ One documented choice: by default random replacements come from `tokenizer.repla
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,36 +63,55 @@ class InstanceStats:
   truncated: int = 0
   candidates: int = 0
 
-  def add(self, inst: Instance) -> None:
-    self.instances += 1
-    self.tokens += len(inst.tokens)
-    self.candidates += len(inst.tokens) - 3
-    self.masked += len(inst.masked_positions)
-    m, r, k = inst.replacements
-    self.mask_token += m
-    self.random_token += r
-    self.kept_token += k
-    self.random_next += inst.is_random_next
-    self.truncated += inst.truncated
+  def add_block(self, block) -> None:
+    """Totals of a `masking.Block`, vectorised."""
+    m = block.masked
+    self.instances += len(block)
+    self.tokens += int(m.lengths.sum())
+    self.candidates += int(m.lengths.sum()) - 3 * len(block)
+    self.masked += int(m.num_masked.sum())
+    self.mask_token += m.replacements[0]
+    self.random_token += m.replacements[1]
+    self.kept_token += m.replacements[2]
+    self.random_next += int(block.is_random_next.sum())
+    self.truncated += int(block.truncated.sum())
 
   def merge(self, other: 'InstanceStats') -> None:
     for f in dataclasses.fields(self):
       setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
-                      rng: random.Random) -> bool:
-  """Trim the longer segment from a random end until the pair fits; True if anything went."""
-  truncated = False
-  while len(tokens_a) + len(tokens_b) > max_num_tokens:
-    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-    assert len(trunc) >= 1
-    if rng.random() < 0.5:
-      del trunc[0]
-    else:
-      trunc.pop()
-    truncated = True
-  return truncated
+def truncation(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random,
+               exact: bool) -> tuple[int, int, int, int]:
+  """The reference's truncate_seq_pair on lengths: trim the longer segment (B on a tie) from a
+  random end, one token at a time, until the pair fits.
+
+  Returns tokens removed from (front of A, back of A, front of B, back of B). `exact` draws
+  one `rng.random()` per token as the reference does (its random stream); otherwise the same
+  distribution in O(1): the trimmed lengths are determined by the rule alone, and the number
+  of front removals out of r is Binomial(r, 1/2), a popcount of r random bits.
+  """
+  if exact:
+    cuts = [0, 0, 0, 0]
+    while len_a + len_b > max_num_tokens:
+      side = 0 if len_a > len_b else 2
+      if side == 0:
+        len_a -= 1
+      else:
+        len_b -= 1
+      cuts[side + (0 if rng.random() < 0.5 else 1)] += 1
+    return tuple(cuts)
+  excess = len_a + len_b - max_num_tokens
+  if excess <= 0:
+    return 0, 0, 0, 0
+  gap = abs(len_a - len_b)
+  first = min(excess, gap)  # from the longer one until they are equal
+  rest = excess - first  # then alternately, B first
+  cut_a = (first if len_a > len_b else 0) + rest // 2
+  cut_b = (first if len_b >= len_a else 0) + rest - rest // 2
+  front_a = rng.getrandbits(cut_a).bit_count() if cut_a else 0
+  front_b = rng.getrandbits(cut_b).bit_count() if cut_b else 0
+  return front_a, cut_a - front_a, front_b, cut_b - front_b
 
 
 def mask_tokens(tokens: list[int], cfg: MaskingConfig, tokenizer, rng: random.Random):
@@ -135,88 +160,114 @@ def mask_tokens(tokens: list[int], cfg: MaskingConfig, tokenizer, rng: random.Ra
   return output, [p for p, _ in masked], [l for _, l in masked], tuple(counts)
 
 
-def create_instances_from_document(all_documents: Sequence[Sequence[list[int]]],
-                                   document_index: int, cfg: MaskingConfig, tokenizer,
-                                   rng: random.Random) -> list[Instance]:
-  document = all_documents[document_index]
+class Window:
+  """Tokenized documents as one flat token array; sentences are (offset, length) spans.
+
+  Pairing only needs lengths, and every A or B segment (truncated or not) is a contiguous
+  run of one document's tokens, so a pair is four integers rather than two token lists.
+  """
+
+  def __init__(self, documents: Sequence[Sequence[Sequence[int]]]):
+    documents = [[s for s in doc if len(s)] for doc in documents]
+    documents = [d for d in documents if d]
+    lengths = [[len(s) for s in doc] for doc in documents]
+    self.tokens = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(documents)), np.int32,
+        sum(map(sum, lengths)))
+    self.doc_start: list[int] = []  # flat offset of each document
+    self.cum: list[list[int]] = []  # per document: token offset of each sentence, then its end
+    offset = 0
+    for doc in lengths:
+      self.doc_start.append(offset)
+      self.cum.append(list(itertools.accumulate(doc, initial=0)))
+      offset += self.cum[-1][-1]
+
+  def __len__(self) -> int:
+    return len(self.cum)
+
+
+def pair_spans(window: Window, order: Sequence[int], position: int, cfg: MaskingConfig,
+               rng: random.Random, exact: bool
+               ) -> Iterator[tuple[int, int, int, int, bool, bool]]:
+  """The reference's create_instances_from_document for the document at `order[position]`
+  (`order` is the shuffled document list): (A offset, A length, B offset, B length,
+  is_random_next, truncated) per pair. A generator, so that a caller masking each pair before
+  asking for the next draws from `rng` in exactly the reference's order.
+  """
+  doc = order[position]
+  cum, base = window.cum[doc], window.doc_start[doc]
+  num_sentences = len(cum) - 1
   max_num_tokens = cfg.max_seq_length - 3
   target_seq_length = max_num_tokens
   if rng.random() < cfg.short_seq_prob:
     target_seq_length = rng.randint(2, max_num_tokens)
 
-  instances = []
-  current_chunk: list[list[int]] = []
-  current_length = 0
+  chunk_start = 0  # current_chunk = sentences [chunk_start, i]
   i = 0
-  while i < len(document):
-    segment = document[i]
-    current_chunk.append(segment)
-    current_length += len(segment)
-    if i == len(document) - 1 or current_length >= target_seq_length:
-      if current_chunk:
-        a_end = 1
-        if len(current_chunk) >= 2:
-          a_end = rng.randint(1, len(current_chunk) - 1)
-        tokens_a = [t for chunk in current_chunk[:a_end] for t in chunk]
-        tokens_b: list[int] = []
+  while i < num_sentences:
+    if i == num_sentences - 1 or cum[i + 1] - cum[chunk_start] >= target_seq_length:
+      chunk_size = i + 1 - chunk_start
+      a_end = 1
+      if chunk_size >= 2:
+        a_end = rng.randint(1, chunk_size - 1)
+      a_start, len_a = base + cum[chunk_start], cum[chunk_start + a_end] - cum[chunk_start]
+      if chunk_size == 1 or rng.random() < 0.5:
+        is_random_next = True
+        target_b_length = target_seq_length - len_a
+        for _ in range(10):
+          random_position = rng.randint(0, len(order) - 1)
+          if random_position != position:
+            break
+        other = order[random_position]
+        other_cum = window.cum[other]
+        random_start = rng.randint(0, len(other_cum) - 2)
+        end = random_start + 1  # sentences up to the first that reaches target_b_length
+        while end < len(other_cum) - 1 and other_cum[end] - other_cum[random_start] < target_b_length:
+          end += 1
+        b_start = window.doc_start[other] + other_cum[random_start]
+        len_b = other_cum[end] - other_cum[random_start]
+        i -= chunk_size - a_end  # put the unused segments back
+      else:
         is_random_next = False
-        if len(current_chunk) == 1 or rng.random() < 0.5:
-          is_random_next = True
-          target_b_length = target_seq_length - len(tokens_a)
-          for _ in range(10):
-            random_document_index = rng.randint(0, len(all_documents) - 1)
-            if random_document_index != document_index:
-              break
-          random_document = all_documents[random_document_index]
-          random_start = rng.randint(0, len(random_document) - 1)
-          for j in range(random_start, len(random_document)):
-            tokens_b.extend(random_document[j])
-            if len(tokens_b) >= target_b_length:
-              break
-          i -= len(current_chunk) - a_end  # put the unused segments back
-        else:
-          for j in range(a_end, len(current_chunk)):
-            tokens_b.extend(current_chunk[j])
-        truncated = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-        if tokens_a and tokens_b:
-          tokens = [tokenizer.cls_id] + tokens_a + [tokenizer.sep_id] + tokens_b + [tokenizer.sep_id]
-          segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-          output, positions, labels, counts = mask_tokens(tokens, cfg, tokenizer, rng)
-          instances.append(Instance(output, segment_ids, is_random_next, positions, labels,
-                                    truncated, counts))
-      current_chunk = []
-      current_length = 0
+        b_start = base + cum[chunk_start + a_end]
+        len_b = cum[i + 1] - cum[chunk_start + a_end]
+      front_a, back_a, front_b, back_b = truncation(len_a, len_b, max_num_tokens, rng, exact)
+      len_a -= front_a + back_a
+      len_b -= front_b + back_b
+      if len_a and len_b:
+        yield (a_start + front_a, len_a, b_start + front_b, len_b, is_random_next,
+               front_a + back_a + front_b + back_b > 0)
+      chunk_start = i + 1
     i += 1
+
+
+def create_instances_from_document(window: Window, order: Sequence[int], position: int,
+                                   cfg: MaskingConfig, tokenizer, rng: random.Random
+                                   ) -> list[Instance]:
+  """Pairs masked one by one with `mask_tokens`: the reference's exact random stream."""
+  instances = []
+  flat = window.tokens
+  for a_start, len_a, b_start, len_b, is_random_next, truncated in pair_spans(
+      window, order, position, cfg, rng, exact=True):
+    tokens = ([tokenizer.cls_id] + flat[a_start:a_start + len_a].tolist() + [tokenizer.sep_id]
+              + flat[b_start:b_start + len_b].tolist() + [tokenizer.sep_id])
+    segment_ids = [0] * (len_a + 2) + [1] * (len_b + 1)
+    output, positions, labels, counts = mask_tokens(tokens, cfg, tokenizer, rng)
+    instances.append(Instance(output, segment_ids, is_random_next, positions, labels,
+                              truncated, counts))
   return instances
 
 
 def create_instances(documents: list[list[list[int]]], cfg: MaskingConfig, tokenizer,
                      rng: random.Random, dupe_factor: int = 1) -> list[Instance]:
   """The reference's main loop over a set of documents: shuffle, dupe, create, shuffle."""
-  documents = [d for d in documents if d]
-  rng.shuffle(documents)
+  window = Window(documents)
+  order = list(range(len(window)))
+  rng.shuffle(order)
   instances: list[Instance] = []
   for _ in range(dupe_factor):
-    for index in range(len(documents)):
-      instances.extend(create_instances_from_document(documents, index, cfg, tokenizer, rng))
+    for position in range(len(order)):
+      instances.extend(create_instances_from_document(window, order, position, cfg, tokenizer,
+                                                      rng))
   rng.shuffle(instances)
   return instances
-
-
-def to_features(inst: Instance, cfg: MaskingConfig) -> dict[str, np.ndarray]:
-  """Padded arrays with the reference's feature names (DESIGN.md)."""
-  s, p = cfg.max_seq_length, cfg.max_predictions_per_seq
-  n, m = len(inst.tokens), len(inst.masked_positions)
-  f = {
-      'input_ids': np.zeros(s, np.int64), 'input_mask': np.zeros(s, np.int64),
-      'segment_ids': np.zeros(s, np.int64), 'masked_lm_positions': np.zeros(p, np.int64),
-      'masked_lm_ids': np.zeros(p, np.int64), 'masked_lm_weights': np.zeros(p, np.float32),
-      'next_sentence_labels': np.array([int(inst.is_random_next)], np.int64),
-  }
-  f['input_ids'][:n] = inst.tokens
-  f['input_mask'][:n] = 1
-  f['segment_ids'][:n] = inst.segment_ids
-  f['masked_lm_positions'][:m] = inst.masked_positions
-  f['masked_lm_ids'][:m] = inst.masked_labels
-  f['masked_lm_weights'][:m] = 1.0
-  return f

@@ -1,30 +1,31 @@
 """Pack several short instances into one row without cross-contamination.
 
-Best-fit-decreasing over a window of instances (like Graphcore's packing, which halved the rows
-of MLPerf's Wikipedia data): longest first, each into the fullest row that still has room for
-its tokens, its masked positions and one more instance (at most `max_instances_per_row`).
-Rows carry the packed fields of DESIGN.md; the model turns `packed_segment_ids` into a
-block-diagonal attention mask and `position_ids` restart per instance, so every instance gets
-exactly the logits it would get alone.
+Best-fit-decreasing (like Graphcore's packing, which halved the rows of MLPerf's Wikipedia
+data): longest first, each into the fullest row that still has room for its tokens, its masked
+positions and one more instance (at most `max_instances_per_row`, K). Rows carry the packed
+fields of DESIGN.md; the model turns `packed_segment_ids` into a block-diagonal attention mask
+and `position_ids` restart per instance, so every instance gets exactly the logits it would get
+alone. Row assembly is vectorised: one scatter per field for the whole block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from input_pipeline.instances import Instance, MaskingConfig
+from input_pipeline.instances import MaskingConfig
+from input_pipeline.masking import Block
 
 
-def pack_instances(instances: Sequence[Instance], cfg: MaskingConfig,
-                   max_instances_per_row: int) -> list[list[Instance]]:
+def pack_rows(lengths: np.ndarray, num_masked: np.ndarray, cfg: MaskingConfig,
+              max_instances_per_row: int) -> list[list[int]]:
+  """Instance indices per row, best-fit-decreasing on token count."""
   seq, preds = cfg.max_seq_length, cfg.max_predictions_per_seq
-  # by_room[r] = rows with exactly r free token slots; rows: [free_preds, members]
+  # by_room[r]: rows with exactly r free token slots; row = [free_preds, members]
   by_room: list[list[int]] = [[] for _ in range(seq + 1)]
-  rows: list[tuple[list[int], list[Instance]]] = []
-  for inst in sorted(instances, key=lambda x: -len(x.tokens)):
-    need, need_preds = len(inst.tokens), len(inst.masked_positions)
+  rows: list[tuple[list[int], list[int]]] = []
+  lengths, num_masked = lengths.tolist(), num_masked.tolist()
+  for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+    need, need_preds = lengths[i], num_masked[i]
     placed = False
     for room in range(need, seq + 1):
       bucket = by_room[room]
@@ -32,42 +33,69 @@ def pack_instances(instances: Sequence[Instance], cfg: MaskingConfig,
         free_preds, members = rows[row_id]
         if free_preds[0] >= need_preds and len(members) < max_instances_per_row:
           bucket.pop(k)
-          members.append(inst)
+          members.append(i)
           free_preds[0] -= need_preds
-          by_room[room - need].append(row_id)
+          if len(members) < max_instances_per_row:
+            by_room[room - need].append(row_id)
           placed = True
           break
       if placed:
         break
     if not placed:
-      rows.append(([preds - need_preds], [inst]))
+      rows.append(([preds - need_preds], [i]))
       by_room[seq - need].append(len(rows) - 1)
   return [members for _, members in rows]
 
 
-def packed_features(row: Sequence[Instance], cfg: MaskingConfig,
-                    max_instances_per_row: int) -> dict[str, np.ndarray]:
+def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int
+               ) -> dict[str, np.ndarray]:
+  """A block's instances -> packed rows (DESIGN.md's packed fields), [R, ...] each."""
+  m = block.masked
   s, p, k = cfg.max_seq_length, cfg.max_predictions_per_seq, max_instances_per_row
-  f = {name: np.zeros(s, np.int64) for name in
+  groups = pack_rows(m.lengths, m.num_masked, cfg, k)
+  n, r = len(block), len(groups)
+  # Where each instance goes: its row, its slot in the row, its token and prediction offsets.
+  row_of = np.empty(n, np.int64)
+  slot_of = np.empty(n, np.int64)
+  for row, members in enumerate(groups):
+    row_of[members] = row
+    slot_of[members] = np.arange(len(members))
+  order = np.lexsort((slot_of, row_of))  # instances in row-then-slot order
+  first_in_row = np.r_[True, row_of[order][1:] != row_of[order][:-1]]
+
+  def offsets(sizes):
+    ends = np.cumsum(sizes[order])
+    starts_in_order = ends - sizes[order]
+    row_base = np.maximum.accumulate(np.where(first_in_row, starts_in_order, 0))
+    out = np.empty(n, np.int64)
+    out[order] = starts_in_order - row_base
+    return out
+
+  token_offset, pred_offset = offsets(m.lengths), offsets(m.num_masked)
+
+  f = {name: np.zeros((r, s), np.int64) for name in
        ('input_ids', 'input_mask', 'segment_ids', 'position_ids', 'packed_segment_ids')}
-  f.update({name: np.zeros(p, np.int64) for name in ('masked_lm_positions', 'masked_lm_ids')})
-  f['masked_lm_weights'] = np.zeros(p, np.float32)
-  f.update({name: np.zeros(k, np.int64) for name in
+  inst, col = np.nonzero(np.arange(s) < m.lengths[:, None])
+  dst = (row_of[inst], token_offset[inst] + col)
+  f['input_ids'][dst] = m.input_ids[inst, col]
+  f['input_mask'][dst] = 1
+  f['segment_ids'][dst] = m.segment_ids[inst, col]
+  f['position_ids'][dst] = col
+  f['packed_segment_ids'][dst] = slot_of[inst] + 1
+
+  f.update({name: np.zeros((r, p), np.int64) for name in ('masked_lm_positions', 'masked_lm_ids')})
+  f['masked_lm_weights'] = np.zeros((r, p), np.float32)
+  inst, j = np.nonzero(np.arange(p) < m.num_masked[:, None])
+  dst = (row_of[inst], pred_offset[inst] + j)
+  f['masked_lm_positions'][dst] = m.masked_lm_positions[inst, j] + token_offset[inst]
+  f['masked_lm_ids'][dst] = m.masked_lm_ids[inst, j]
+  f['masked_lm_weights'][dst] = 1.0
+
+  f.update({name: np.zeros((r, k), np.int64) for name in
             ('next_sentence_positions', 'next_sentence_labels')})
-  f['next_sentence_weights'] = np.zeros(k, np.float32)
-  start = pred = 0
-  for j, inst in enumerate(row):
-    n, m = len(inst.tokens), len(inst.masked_positions)
-    f['input_ids'][start:start + n] = inst.tokens
-    f['input_mask'][start:start + n] = 1
-    f['segment_ids'][start:start + n] = inst.segment_ids
-    f['position_ids'][start:start + n] = np.arange(n)
-    f['packed_segment_ids'][start:start + n] = j + 1
-    f['masked_lm_positions'][pred:pred + m] = np.asarray(inst.masked_positions) + start
-    f['masked_lm_ids'][pred:pred + m] = inst.masked_labels
-    f['masked_lm_weights'][pred:pred + m] = 1.0
-    f['next_sentence_positions'][j] = start
-    f['next_sentence_labels'][j] = int(inst.is_random_next)
-    f['next_sentence_weights'][j] = 1.0
-    start, pred = start + n, pred + m
+  f['next_sentence_weights'] = np.zeros((r, k), np.float32)
+  dst = (row_of, slot_of)
+  f['next_sentence_positions'][dst] = token_offset
+  f['next_sentence_labels'][dst] = block.is_random_next
+  f['next_sentence_weights'][dst] = 1.0
   return f

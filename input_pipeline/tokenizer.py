@@ -34,7 +34,8 @@ class Tokenizer:
       raise ValueError(f'vocabulary lacks the BERT special tokens {missing}')
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         self._ids[t] for t in SPECIAL_TOKENS)
-    self._word_start = np.array([self._starts_word(t) for t in self.vocab], bool)
+    # word_start_table[id]: does this token begin a word (for whole-word masking)?
+    self.word_start_table = np.array([self._starts_word(t) for t in self.vocab], bool)
     special = {self._ids[t] for t in SPECIAL_TOKENS}
     # Random replacements come from real tokens only: not special, not [unusedN] (the
     # reference draws from the whole vocabulary; a random [unused] token teaches nothing).
@@ -59,7 +60,7 @@ class Tokenizer:
     raise NotImplementedError
 
   def is_word_start(self, ids: np.ndarray) -> np.ndarray:
-    return self._word_start[np.asarray(ids)]
+    return self.word_start_table[np.asarray(ids)]
 
   def _starts_word(self, token: str) -> bool:
     raise NotImplementedError

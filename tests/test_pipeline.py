@@ -3,12 +3,14 @@
 import gzip
 import json
 import os
+import random
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib
+from input_pipeline import example_codec, instances as instances_lib, masking, tfrecord
 from input_pipeline.instances import MaskingConfig, create_instances
 from input_pipeline.tokenizer import WordPieceTokenizer
 
@@ -112,46 +114,131 @@ def test_sentencepiece_train_and_load(tmp_path, docs):
 # ----------------------------------------------------------------------------- instances
 
 
-def test_instances_follow_the_reference_rules(docs, tokenizer):
-  import random
-  tokenized = [[ids for ids in tokenizer.encode_batch(d) if ids] for d in docs]
+def _tokenized(docs, tokenizer):
+  return [[ids for ids in tokenizer.encode_batch(d) if ids] for d in docs]
+
+
+def _instances(path, tokenized, cfg, tokenizer, seed, dupe_factor=1):
+  """(tokens, segment ids, masked positions, labels) per instance, from either path."""
+  if path == 'exact':
+    return [(i.tokens, i.segment_ids, i.masked_positions, i.masked_labels)
+            for i in create_instances(tokenized, cfg, tokenizer, random.Random(seed),
+                                      dupe_factor)]
+  m = masking.create_block(tokenized, cfg, tokenizer, seed, dupe_factor, chunk_rows=256).masked
+  return [(m.input_ids[r, :n].tolist(), m.segment_ids[r, :n].tolist(),
+           m.masked_lm_positions[r, :k].tolist(), m.masked_lm_ids[r, :k].tolist())
+          for r, (n, k) in enumerate(zip(m.lengths, m.num_masked))]
+
+
+@pytest.mark.parametrize('path', ['exact', 'vectorised'])
+def test_instances_follow_the_reference_rules(docs, tokenizer, path):
   cfg = MaskingConfig(max_seq_length=128, max_predictions_per_seq=20)
-  instances = create_instances(tokenized, cfg, tokenizer, random.Random(1), dupe_factor=2)
+  instances = _instances(path, _tokenized(docs, tokenizer), cfg, tokenizer, 1, dupe_factor=2)
   assert len(instances) > 500
   n_masked = n_mask = n_kept = n_rand = 0
-  for inst in instances:
-    t = inst.tokens
-    assert len(t) <= 128 and t[0] == tokenizer.cls_id and t[-1] == tokenizer.sep_id
-    assert t.count(tokenizer.sep_id) - sum(1 for p in inst.masked_positions
-                                           if inst.masked_labels[inst.masked_positions.index(p)]
-                                           == tokenizer.sep_id) >= 2
-    first_sep = inst.segment_ids.index(1) - 1
-    assert inst.segment_ids[:first_sep + 1] == [0] * (first_sep + 1)
-    assert len(inst.masked_positions) == min(20, max(1, round(len(t) * 0.15)))
-    assert inst.masked_positions == sorted(inst.masked_positions)
-    for p, label in zip(inst.masked_positions, inst.masked_labels):
+  for t, segment_ids, positions, labels in instances:
+    assert len(t) <= 128 and t[0] == tokenizer.cls_id
+    original = list(t)
+    for p, label in zip(positions, labels):
+      original[p] = label
+    assert original[-1] == tokenizer.sep_id and original.count(tokenizer.sep_id) >= 2
+    first_sep = segment_ids.index(1) - 1
+    assert original[first_sep] == tokenizer.sep_id
+    assert segment_ids[:first_sep + 1] == [0] * (first_sep + 1)
+    assert set(segment_ids[first_sep + 1:]) == {1}
+    assert len(positions) == min(20, max(1, round(len(t) * 0.15)))
+    assert positions == sorted(set(positions))
+    for p, label in zip(positions, labels):
       assert label not in (tokenizer.cls_id, tokenizer.sep_id)
       n_mask += t[p] == tokenizer.mask_id
       n_kept += t[p] == label
       n_rand += t[p] not in (label, tokenizer.mask_id)
-    n_masked += len(inst.masked_positions)
+      assert t[p] in (label, tokenizer.mask_id) or t[p] in tokenizer.replacement_ids
+    n_masked += len(positions)
   assert abs(n_mask / n_masked - 0.8) < 0.015
   assert abs(n_kept / n_masked - 0.1) < 0.015 and abs(n_rand / n_masked - 0.1) < 0.015
 
 
-def test_whole_word_masking_masks_whole_words(docs, tokenizer):
-  import random
-  tokenized = [[ids for ids in tokenizer.encode_batch(d) if ids] for d in docs[:100]]
+@pytest.mark.parametrize('path', ['exact', 'vectorised'])
+def test_whole_word_masking_masks_whole_words(docs, tokenizer, path):
   cfg = MaskingConfig(do_whole_word_mask=True)
-  for inst in create_instances(tokenized, cfg, tokenizer, random.Random(2)):
-    masked = set(inst.masked_positions)
-    original = list(inst.tokens)
-    for p, label in zip(inst.masked_positions, inst.masked_labels):
+  whole_words = 0
+  for tokens, _, positions, labels in _instances(path, _tokenized(docs[:100], tokenizer), cfg,
+                                                tokenizer, 2):
+    masked = set(positions)
+    original = list(tokens)
+    for p, label in zip(positions, labels):
       original[p] = label
     starts = tokenizer.is_word_start(original)
-    for p in masked:  # a masked continuation piece means the piece before it is masked too
+    for p in masked:  # a masked piece's whole word is masked: the pieces around it too
       if not starts[p] and original[p - 1] not in (tokenizer.cls_id, tokenizer.sep_id):
         assert p - 1 in masked
+        whole_words += 1
+      if p + 1 < len(original) and not starts[p + 1] and original[p + 1] != tokenizer.sep_id:
+        assert p + 1 in masked
+  assert whole_words > 50
+
+
+def test_vectorised_truncation_trims_exactly_like_the_reference():
+  rng, exact_rng = random.Random(0), random.Random(0)
+  fronts = backs = 0
+  for _ in range(3000):
+    la, lb, m = rng.randint(1, 300), rng.randint(1, 300), rng.randint(2, 300)
+    fa, ba, fb, bb = instances_lib.truncation(la, lb, m, rng, exact=False)
+    efa, eba, efb, ebb = instances_lib.truncation(la, lb, m, exact_rng, exact=True)
+    assert (fa + ba, fb + bb) == (efa + eba, efb + ebb)  # same lengths trimmed from A and B
+    fronts, backs = fronts + fa + fb, backs + ba + bb
+  assert abs(fronts / (fronts + backs) - 0.5) < 0.01  # each token from either end, 50/50
+
+
+def test_vectorised_and_exact_paths_agree_on_statistics(docs, tokenizer):
+  cfg = MaskingConfig()
+  tokenized = _tokenized(docs, tokenizer)
+  exact = masking.block_from_instances(
+      create_instances(tokenized, cfg, tokenizer, random.Random(4), 2), cfg)
+  fast = masking.create_block(tokenized, cfg, tokenizer, 4, 2)
+  # Different random streams, so statistics agree within sampling error (~3,000 instances).
+  assert len(exact) == pytest.approx(len(fast), rel=0.03)
+  assert exact.masked.lengths.mean() == pytest.approx(fast.masked.lengths.mean(), rel=0.03)
+  assert exact.masked.num_masked.mean() == pytest.approx(fast.masked.num_masked.mean(), rel=0.03)
+  assert exact.is_random_next.mean() == pytest.approx(fast.is_random_next.mean(), abs=0.04)
+  assert exact.truncated.mean() == pytest.approx(fast.truncated.mean(), abs=0.04)
+
+
+def test_example_codec_writes_what_protobuf_writes():
+  rng = np.random.default_rng(0)
+  features = {'input_ids': rng.integers(0, 250_000, (50, 128)),
+              'input_mask': rng.integers(0, 2, (50, 128)),
+              'masked_lm_positions': rng.integers(0, 512, (50, 80)),
+              'masked_lm_weights': rng.random((50, 80)).astype(np.float32),
+              'next_sentence_labels': rng.integers(0, 2, (50, 1))}
+  features['input_ids'][0, :6] = [0, 127, 128, 16383, 16384, 2 ** 21]
+  for ours, row in zip(example_codec.encode_examples(features), range(50)):
+    feature = {k: tf.train.Feature(float_list=tf.train.FloatList(value=v[row].tolist()))
+               if v.dtype.kind == 'f' else
+               tf.train.Feature(int64_list=tf.train.Int64List(value=v[row].tolist()))
+               for k, v in features.items()}
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    assert ours == example.SerializeToString(deterministic=True)
+  with pytest.raises(ValueError, match='non-negative'):
+    example_codec.encode_examples({'x': np.array([[-1]])})
+
+
+def test_tfrecord_writer_matches_tensorflow_and_is_atomic(tmp_path):
+  records = [b'', b'a', bytes(range(256)) * 40]
+  ours = tfrecord.TFRecordWriter(str(tmp_path / 'ours'))
+  ours.write(records[0])
+  ours.write_many(records[1:])
+  assert not os.path.exists(tmp_path / 'ours')  # published on close only
+  ours.close()
+  with tf.io.TFRecordWriter(str(tmp_path / 'tf')) as theirs:
+    for r in records:
+      theirs.write(r)
+  assert (tmp_path / 'ours').read_bytes() == (tmp_path / 'tf').read_bytes()
+  aborted = tfrecord.TFRecordWriter(str(tmp_path / 'aborted'))
+  aborted.write(b'x')
+  aborted.abort()
+  assert not list(tmp_path.glob('aborted*'))
 
 
 # ----------------------------------------------------------------------------- TFRecords
