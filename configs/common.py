@@ -27,10 +27,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_files = ''  # held-out TFRecords; empty = no eval
   c.data.max_seq_length = 128
   c.data.max_predictions_per_seq = 20
-  c.data.packed = False  # rows written with create_pretraining_data --pack
+  c.data.packed = False  # records written with create_pretraining_data --pack
   c.data.max_instances_per_row = 3  # K of the packed rows
   c.data.shuffle_buffer = 10_000
-  c.data.dynamic_masking = False  # RoBERTa-style fresh masks (unpacked rows only)
+  c.data.dynamic_masking = False  # RoBERTa-style fresh masks (unpacked records only)
+  c.data.whole_word_masking = False  # with dynamic_masking (needs vocab_file or spm_model)
+  c.data.pack = False  # pack unpacked records on the fly into rows of K instances
+  c.data.pack_window = 1024  # records the on-the-fly packer sees at once
   c.data.vocab_file = ''  # WordPiece vocab.txt used for the data (exported with the model)
   c.data.spm_model = ''  # or a SentencePiece .model
   c.data.do_lower_case = True

@@ -3,9 +3,12 @@
 Reads google-research/bert's TFRecords unchanged, and ours (plain or packed). Training:
 list files -> this process's share (by file when there are at least as many files as
 processes, else by record) -> seeded file shuffle, repeat, interleave -> seeded shuffle ->
-parse -> optional dynamic masking (RoBERTa-style: fresh masks every time a row is read, same
-15% / 80-10-10 rules) -> per-process batch -> prefetch. Eval: no shuffle, no repeat, and the
-last partial batch padded with zero-weight rows so every batch has the jitted shape.
+parse -> optional dynamic masking (RoBERTa-style: fresh masks every time a row is read, by the
+same `masking.mask_block` as data creation, whole words optional) -> optional packing on the
+fly (`packing.pack_block` over windows of records) -> per-process batch -> prefetch. Eval: no
+shuffle, no repeat, and the last partial batch padded with zero-weight rows so every batch has
+the jitted shape. Masking and packing run as `tf.numpy_function` on whole batches, declared
+stateless, so iterator checkpoints still work.
 
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
 with `tf.train.Checkpoint`, so a restarted run gets exactly the batches it would have got.
@@ -14,11 +17,15 @@ with `tf.train.Checkpoint`, so a restarted run gets exactly the batches it would
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import os
 
 import numpy as np
 import tensorflow as tf
+
+from input_pipeline import masking, packing
+from input_pipeline.instances import MaskingConfig
 
 INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
 PACKED_FEATURES_S = ('position_ids', 'packed_segment_ids')
@@ -35,8 +42,16 @@ class ReaderConfig:
   max_instances_per_row: int = 3
   shuffle_buffer: int = 10_000
   seed: int = 0
-  dynamic_masking: bool = False
-  # Needed by dynamic masking: special ids and the range of random replacements.
+  dynamic_masking: bool = False  # fresh masks every time a row is read (RoBERTa)
+  whole_word_masking: bool = False  # with dynamic_masking; needs vocab_file or spm_model
+  pack: bool = False  # pack unpacked records on the fly, K = max_instances_per_row
+  pack_window: int = 1024  # rows the packer sees at once (more: fuller rows)
+  # The data's tokenizer, for dynamic masking (replacement tokens, word boundaries).
+  vocab_file: str = ''
+  spm_model: str = ''
+  do_lower_case: bool = True
+  # Without a tokenizer file, dynamic masking uses these ids and replacements from
+  # [first_real_token_id, vocab_size).
   vocab_size: int = 30522
   mask_id: int = 103
   cls_id: int = 101
@@ -64,7 +79,7 @@ def feature_spec(cfg: ReaderConfig) -> dict[str, tf.io.FixedLenFeature]:
   spec = {name: tf.io.FixedLenFeature([s], tf.int64) for name in INT_FEATURES_S}
   spec.update({name: tf.io.FixedLenFeature([p], tf.int64) for name in INT_FEATURES_P})
   spec['masked_lm_weights'] = tf.io.FixedLenFeature([p], tf.float32)
-  if cfg.packed:
+  if cfg.packed:  # stored packed rows
     k = cfg.max_instances_per_row
     spec.update({name: tf.io.FixedLenFeature([s], tf.int64) for name in PACKED_FEATURES_S})
     spec['next_sentence_positions'] = tf.io.FixedLenFeature([k], tf.int64)
@@ -85,40 +100,92 @@ def _parse(cfg: ReaderConfig):
   return parse
 
 
-def dynamic_mask(cfg: ReaderConfig):
-  """Undo the stored masks, then draw new ones with the reference's rules (token level)."""
-  p = cfg.max_predictions_per_seq
+class _DefaultVocab:
+  """What masking needs when no tokenizer file is configured: BERT's special ids."""
 
-  def remask(ex, seed):
-    ids = ex['input_ids']
-    s = tf.shape(ids)[0]
-    # Restore the original tokens at the stored masked positions.
-    real = ex['masked_lm_weights'] > 0
-    pos = tf.boolean_mask(ex['masked_lm_positions'], real)
-    ids = tf.tensor_scatter_nd_update(ids, pos[:, None], tf.boolean_mask(ex['masked_lm_ids'], real))
-    candidate = (ex['input_mask'] > 0) & (ids != cfg.cls_id) & (ids != cfg.sep_id)
-    length = tf.reduce_sum(ex['input_mask'])
-    num = tf.minimum(p, tf.maximum(1, tf.cast(tf.round(
-        tf.cast(length, tf.float32) * cfg.masked_lm_prob), tf.int32)))
-    num = tf.minimum(num, tf.reduce_sum(tf.cast(candidate, tf.int32)))
-    seeds = tf.random.experimental.stateless_split(seed, 3)
-    score = tf.where(candidate, tf.random.stateless_uniform([s], seeds[0]), -1.0)
-    chosen = tf.sort(tf.math.top_k(score, k=p).indices[:num])
-    labels = tf.gather(ids, chosen)
-    action = tf.random.stateless_uniform([num], seeds[1])
-    random_ids = tf.random.stateless_uniform([num], seeds[2], minval=cfg.first_real_token_id,
-                                             maxval=cfg.vocab_size, dtype=tf.int32)
-    new = tf.where(action < 0.8, cfg.mask_id, tf.where(action < 0.9, labels, random_ids))
-    ids = tf.tensor_scatter_nd_update(ids, chosen[:, None], new)
-    pad = p - num
-    out = dict(ex)
-    out['input_ids'] = ids
-    out['masked_lm_positions'] = tf.pad(chosen, [[0, pad]])
-    out['masked_lm_ids'] = tf.pad(labels, [[0, pad]])
-    out['masked_lm_weights'] = tf.pad(tf.ones([num], tf.float32), [[0, pad]])
+  def __init__(self, cfg: ReaderConfig):
+    self.cls_id, self.sep_id, self.mask_id = cfg.cls_id, cfg.sep_id, cfg.mask_id
+    self.vocab_size = cfg.vocab_size
+    self.replacement_ids = np.arange(cfg.first_real_token_id, cfg.vocab_size, dtype=np.int32)
+    self.word_start_table = None
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(vocab_file: str, spm_model: str, do_lower_case: bool):
+  from input_pipeline.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  return load_tokenizer(vocab_file or None, spm_model or None, do_lower_case)
+
+
+def masking_vocab(cfg: ReaderConfig):
+  if cfg.vocab_file or cfg.spm_model:
+    return _tokenizer(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
+  if cfg.whole_word_masking:
+    raise ValueError('data.whole_word_masking needs the tokenizer: set data.vocab_file or '
+                     'data.spm_model')
+  return _DefaultVocab(cfg)
+
+
+def _masking_config(cfg: ReaderConfig) -> MaskingConfig:
+  return MaskingConfig(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob,
+                       do_whole_word_mask=cfg.whole_word_masking)
+
+
+def dynamic_mask(cfg: ReaderConfig):
+  """A batch's stored masks undone, then new ones drawn by `masking.mask_block`: the very code
+  (and rules, whole-word masking included) that data creation uses, seeded per batch."""
+  vocab, mcfg = masking_vocab(cfg), _masking_config(cfg)
+
+  def remask_numpy(ids, input_mask, segment_ids, positions, labels, weights, seed):
+    ids = ids.copy()
+    rows, slots = np.nonzero(weights > 0)
+    ids[rows, positions[rows, slots]] = labels[rows, slots]
+    lengths = input_mask.sum(axis=1).astype(np.int64)
+    num_a = ((segment_ids == 0) & (input_mask > 0)).sum(axis=1) - 2
+    m = masking.mask_block(ids, lengths, num_a, mcfg, vocab,
+                           np.random.default_rng(seed.view(np.uint64)))
+    return (m.input_ids.astype(np.int32), m.masked_lm_positions.astype(np.int32),
+            m.masked_lm_ids.astype(np.int32), m.masked_lm_weights)
+
+  def remask(batch, seed):
+    out = dict(batch)
+    new = tf.numpy_function(
+        remask_numpy, [batch['input_ids'], batch['input_mask'], batch['segment_ids'],
+                       batch['masked_lm_positions'], batch['masked_lm_ids'],
+                       batch['masked_lm_weights'], seed],
+        [tf.int32, tf.int32, tf.int32, tf.float32], stateful=False)
+    for name, value in zip(('input_ids', 'masked_lm_positions', 'masked_lm_ids',
+                            'masked_lm_weights'), new):
+      out[name] = tf.ensure_shape(value, batch[name].shape)
     return out
 
   return remask
+
+
+def pack_on_the_fly(cfg: ReaderConfig):
+  """A window of unpacked rows -> packed rows (`packing.pack_block`, as data creation packs)."""
+  mcfg, k = _masking_config(cfg), cfg.max_instances_per_row
+  spec = feature_spec(dataclasses.replace(cfg, packed=True))
+  names = sorted(spec)
+
+  def pack_numpy(ids, input_mask, segment_ids, positions, labels, weights, nsp):
+    block = masking.Block(
+        masking.MaskedBlock(ids, input_mask.sum(axis=1), segment_ids, positions, labels,
+                            (weights > 0).sum(axis=1), (0, 0, 0)),
+        nsp[:, 0] > 0, np.zeros(len(ids), bool))
+    f = packing.pack_block(block, mcfg, k)
+    return tuple(f[n].astype(np.float32 if spec[n].dtype == tf.float32 else np.int32)
+                 for n in names)
+
+  def pack(batch):
+    out = tf.numpy_function(
+        pack_numpy, [batch[n] for n in ('input_ids', 'input_mask', 'segment_ids',
+                                         'masked_lm_positions', 'masked_lm_ids',
+                                         'masked_lm_weights', 'next_sentence_labels')],
+        [tf.float32 if spec[n].dtype == tf.float32 else tf.int32 for n in names],
+        stateful=False)
+    return {n: tf.ensure_shape(v, [None] + spec[n].shape) for n, v in zip(names, out)}
+
+  return pack
 
 
 def _pad_to_batch(batch_size: int):
@@ -131,8 +198,9 @@ def _pad_to_batch(batch_size: int):
 
 def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
                  process_count: int = 1) -> tf.data.Dataset:
-  if cfg.dynamic_masking and cfg.packed:
-    raise ValueError('data.dynamic_masking works on unpacked rows only')
+  if cfg.packed and (cfg.dynamic_masking or cfg.pack):
+    raise ValueError('data.dynamic_masking and data.pack need unpacked records (these are '
+                     'packed): write them without --pack and let the reader pack')
   files = list_files(cfg.files)
   by_file = len(files) >= process_count
   if by_file:
@@ -149,12 +217,21 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
   if training:
     ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed + 1, reshuffle_each_iteration=True)
   ds = ds.map(_parse(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  if cfg.dynamic_masking and training:
-    seeds = tf.data.Dataset.random(seed=cfg.seed + 2).batch(2).map(
-        lambda x: tf.cast(x, tf.int64))
-    ds = tf.data.Dataset.zip(ds, seeds).map(dynamic_mask(cfg), tf.data.AUTOTUNE,
-                                            deterministic=True)
-  ds = ds.batch(cfg.batch_size, drop_remainder=training)
+  dynamic = cfg.dynamic_masking and training
+  if dynamic or cfg.pack:
+    # Masking and packing work on whole batches (numpy, vectorised): a batch, or a packing
+    # window whose packed rows are then re-batched.
+    ds = ds.batch(cfg.pack_window if cfg.pack else cfg.batch_size,
+                  drop_remainder=training and not cfg.pack)
+    if dynamic:
+      seeds = tf.data.Dataset.random(seed=cfg.seed + 2).batch(2)
+      ds = tf.data.Dataset.zip(ds, seeds).map(dynamic_mask(cfg), tf.data.AUTOTUNE,
+                                              deterministic=True)
+    if cfg.pack:
+      ds = ds.map(pack_on_the_fly(cfg), tf.data.AUTOTUNE, deterministic=True).unbatch()
+      ds = ds.batch(cfg.batch_size, drop_remainder=training)
+  else:
+    ds = ds.batch(cfg.batch_size, drop_remainder=training)
   if not training:
     ds = ds.map(_pad_to_batch(cfg.batch_size))
   ds = ds.prefetch(tf.data.AUTOTUNE)

@@ -1,5 +1,6 @@
 """Corpus, tokenizer, instance creation, packing and the tf.data reader."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -292,28 +293,74 @@ def test_bad_cli_input_is_a_clear_error(corpus_file, tmp_path):
   assert not os.path.exists(tmp_path / 'z') and not os.path.exists(str(tmp_path / 'z') + '.tmp')
 
 
-def test_packed_rows_are_consistent(corpus_file, tmp_path):
-  job = _job(corpus_file, tmp_path / 'packed', pack=True, max_instances_per_row=3)
-  stats = cpd.run(job)
+def _unpack(batch):
+  """Instances of packed rows: (tokens, segment ids, masked positions, labels, NSP label),
+  after checking that the packed fields are consistent."""
+  out = []
+  for r in range(len(batch['input_ids'])):
+    seg, pos = batch['packed_segment_ids'][r], batch['position_ids'][r]
+    k = int(seg.max())
+    w = batch['masked_lm_weights'][r] > 0
+    assert (seg[batch['masked_lm_positions'][r][w]] > 0).all()  # predictions inside instances
+    assert batch['next_sentence_weights'][r].sum() == k
+    assert (batch['input_mask'][r] == (seg > 0)).all()
+    for j in range(1, k + 1):
+      idx = np.nonzero(seg == j)[0]
+      assert (np.diff(idx) == 1).all()  # contiguous
+      assert (pos[idx] == np.arange(len(idx))).all()  # positions restart
+      assert batch['next_sentence_positions'][r][j - 1] == idx[0]
+      assert batch['input_ids'][r][idx[0]] == 101  # [CLS]
+      mine = w & (seg[batch['masked_lm_positions'][r]] == j)
+      out.append((tuple(batch['input_ids'][r][idx]), tuple(batch['segment_ids'][r][idx]),
+                  tuple(batch['masked_lm_positions'][r][mine] - idx[0]),
+                  tuple(batch['masked_lm_ids'][r][mine]),
+                  int(batch['next_sentence_labels'][r][j - 1])))
+  return out
+
+
+def _rows(batch):
+  """The same tuple for unpacked rows."""
+  out = []
+  for r in range(len(batch['input_ids'])):
+    n, w = batch['input_mask'][r].sum(), batch['masked_lm_weights'][r] > 0
+    if n:
+      out.append((tuple(batch['input_ids'][r][:n]), tuple(batch['segment_ids'][r][:n]),
+                  tuple(batch['masked_lm_positions'][r][w]), tuple(batch['masked_lm_ids'][r][w]),
+                  int(batch['next_sentence_labels'][r][0])))
+  return out
+
+
+def _read_all(cfg):
+  return list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)))
+
+
+def test_packed_records_hold_exactly_the_instances(corpus_file, tmp_path):
+  plain = _job(corpus_file, tmp_path / 'plain')
+  packed = _job(corpus_file, tmp_path / 'packed', pack=True, max_instances_per_row=3)
+  cpd.run(plain)
+  stats = cpd.run(packed)
   assert stats['rows'] < stats['instances']
   assert stats['padding_fraction'] < stats['padding_fraction_unpacked']
-  cfg = data_lib.ReaderConfig(files=job.output_file, batch_size=16, packed=True)
-  for batch in data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)):
-    for r in range(16):
-      seg, pos = batch['packed_segment_ids'][r], batch['position_ids'][r]
-      k = int(seg.max())
-      if k == 0:
-        continue  # eval padding row
-      for j in range(1, k + 1):
-        idx = np.nonzero(seg == j)[0]
-        assert (np.diff(idx) == 1).all()  # contiguous
-        assert (pos[idx] == np.arange(len(idx))).all()  # positions restart
-        assert batch['next_sentence_positions'][r][j - 1] == idx[0]
-        assert batch['input_ids'][r][idx[0]] == 101  # [CLS]
-      w = batch['masked_lm_weights'][r] > 0
-      assert (seg[batch['masked_lm_positions'][r][w]] > 0).all()
-      assert batch['next_sentence_weights'][r].sum() == k
-      assert (batch['input_mask'][r] == (seg > 0)).all()
+  got = [i for b in _read_all(data_lib.ReaderConfig(files=packed.output_file, batch_size=16,
+                                                    packed=True)) for i in _unpack(b)]
+  want = [i for b in _read_all(data_lib.ReaderConfig(files=plain.output_file, batch_size=16))
+          for i in _rows(b)]
+  assert sorted(got) == sorted(want) and len(got) == stats['instances']
+
+
+def test_reader_packs_on_the_fly_without_losing_or_changing_instances(corpus_file, tmp_path):
+  job = _job(corpus_file, tmp_path / 'plain', max_instances_per_row=1)
+  stats = cpd.run(job)
+  base = dict(files=job.output_file, batch_size=16)
+  want = [i for b in _read_all(data_lib.ReaderConfig(**base)) for i in _rows(b)]
+  packed_batches = _read_all(data_lib.ReaderConfig(**base, pack=True, pack_window=256,
+                                                   max_instances_per_row=3))
+  got = [i for b in packed_batches for i in _unpack(b)]
+  assert sorted(got) == sorted(want)
+  rows = sum(int(b['input_mask'].any(axis=1).sum()) for b in packed_batches)
+  assert rows < 0.8 * stats['instances']
+  with pytest.raises(ValueError, match='need unpacked records'):
+    data_lib.make_dataset(data_lib.ReaderConfig(**base, packed=True, pack=True), training=True)
 
 
 # ----------------------------------------------------------------------------- reader
@@ -330,20 +377,25 @@ def test_reader_takes_the_reference_records_unchanged():
   assert batches[0]['next_sentence_labels'].shape == (8, 1)
 
 
-def test_restore_mid_epoch_gives_the_same_next_batches(corpus_file, tmp_path):
+@pytest.mark.parametrize('options', [
+    {}, {'dynamic_masking': True, 'whole_word_masking': True, 'vocab_file': VOCAB},
+    {'dynamic_masking': True, 'pack': True, 'pack_window': 64}])
+def test_restore_mid_epoch_gives_the_same_next_batches(corpus_file, tmp_path, options):
   job = _job(corpus_file, tmp_path / 'train', num_shards=3)
   cpd.run(job)
   cfg = data_lib.ReaderConfig(files=str(tmp_path / 'train-*'), batch_size=8, shuffle_buffer=50,
-                              seed=3)
+                              seed=3, **options)
   it = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
   for _ in range(7):
     next(it)
   it.save(str(tmp_path / 'it' / 'ckpt'))
-  expected = [next(it)['input_ids'] for _ in range(5)]
+  expected = [next(it) for _ in range(5)]
   fresh = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
   fresh.restore(str(tmp_path / 'it' / 'ckpt'))
   for want in expected:
-    np.testing.assert_array_equal(next(fresh)['input_ids'], want)
+    got = next(fresh)
+    for name in want:
+      np.testing.assert_array_equal(got[name], want[name])
   # And the same seed gives the same stream from the start.
   a = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
   b = data_lib.DataIterator(data_lib.make_dataset(cfg, training=True))
@@ -401,3 +453,23 @@ def test_dynamic_masking_draws_fresh_valid_masks():
     masked += (ids[p] == 103).sum()
     changed += len(p)
   assert 0.7 < masked / changed < 0.9
+
+
+def test_dynamic_whole_word_masking_masks_whole_words(tokenizer):
+  cfg = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=64, dynamic_masking=True, seed=5,
+                              whole_word_masking=True, vocab_file=VOCAB)
+  batch = next(data_lib.DataIterator(data_lib.make_dataset(cfg, training=True)))
+  continuation_pieces = 0
+  for ids, pos, lab, w in zip(batch['input_ids'], batch['masked_lm_positions'],
+                              batch['masked_lm_ids'], batch['masked_lm_weights']):
+    original = ids.copy()
+    original[pos[w > 0]] = lab[w > 0]
+    masked = set(pos[w > 0].tolist())
+    starts = tokenizer.is_word_start(original)
+    for p in masked:
+      if not starts[p] and original[p - 1] not in (101, 102):
+        assert p - 1 in masked
+        continuation_pieces += 1
+  assert continuation_pieces > 5
+  with pytest.raises(ValueError, match='whole_word_masking needs the tokenizer'):
+    data_lib.make_dataset(dataclasses.replace(cfg, vocab_file=''), training=True)
