@@ -103,13 +103,31 @@ def test_word_starts_for_whole_word_masking(tokenizer):
   assert 103 not in tokenizer.replacement_ids and 1 not in tokenizer.replacement_ids  # [MASK], [unused0]
 
 
-def test_sentencepiece_train_and_load(tmp_path, docs):
+@pytest.mark.parametrize('model_type,lowercase', [('unigram', True), ('bpe', False)])
+def test_sentencepiece_trains_and_exports_an_auto_tokenizer_that_agrees(tmp_path, docs,
+                                                                         model_type, lowercase):
+  import transformers
   from input_pipeline.tokenizer import SentencePieceTokenizer
-  tok = SentencePieceTokenizer.train((s for d in docs for s in d), 600, str(tmp_path / 'sp'))
+  sentences = [s for d in docs for s in d]
+  tok = SentencePieceTokenizer.train(sentences[:3000], 1000, str(tmp_path / 'sp'),
+                                     model_type=model_type, lowercase=lowercase)
   assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
   ids = tok.encode('Return the value of the object.')
   assert ids and all(i > 4 for i in ids)
   assert tok.is_word_start(ids)[0]
+  assert (tok.encode('RETURN') == tok.encode('return')) == lowercase
+  loaded = SentencePieceTokenizer(str(tmp_path / 'sp.model'))
+  tok.save_pretrained(str(tmp_path / 'hf'))
+  auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+  lines = sentences[3000:] + ['Ünïcödé “quotes” — dash…  two  spaces', 'ＦＵＬＬ ｶﾀｶﾅ\tand tab',
+                              'a [MASK] here', ' lead and trail ']
+  assert auto(lines, add_special_tokens=False)['input_ids'] == tok.encode_batch(lines)
+  assert loaded.encode_batch(lines) == tok.encode_batch(lines)
+  pair = auto('one two', 'three')
+  a, b = tok.encode('one two'), tok.encode('three')
+  assert pair['input_ids'] == [2] + a + [3] + b + [3]
+  assert pair['token_type_ids'] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  assert auto.mask_token_id == 4 and auto.pad_token_id == 0
 
 
 # ----------------------------------------------------------------------------- instances
