@@ -9,7 +9,8 @@ already written against `tensorflow.compat.v1`); it is fetched with `pip downloa
 processes with the same corpus, vocab (bert-base-uncased), flags and `--dupe_factor`, pinned to
 one core (`taskset -c 0`) for the per-core figures; wall time includes start-up and imports.
 Peak RSS is the largest resident set of any process of the run (`wait4` rusage).
-Then: the statistics of both outputs side by side, 2 workers, memory at 1M vs 10M words, and
+Then: the statistics of both outputs side by side, 1 worker on 1 core vs 2 workers on 2 cores
+(2.5M words), memory at 1M vs 10M words, and
 padding at 512 before and after packing.
 """
 
@@ -75,7 +76,7 @@ def count_records(path: str) -> int:
 
 
 def our_run(corpus, out, seq, preds, dupe, workers=1, extra=()):
-  shards = max(workers, 1) * 2 if workers > 1 else 1
+  shards = 4 if workers > 1 else 1
   r = timed([sys.executable, '-m', 'input_pipeline.create_pretraining_data',
              f'--input_file={corpus}', f'--output_file={out}', f'--vocab_file={VOCAB}',
              '--do_lower_case', f'--max_seq_length={seq}', f'--max_predictions_per_seq={preds}',
@@ -127,6 +128,7 @@ def main():
   ref_dir = fetch_reference(args.reference_dir)
   os.makedirs(args.out, exist_ok=True)
   small = os.path.join(args.corpus_dir, 'real_1m.txt')
+  whole = os.path.join(args.corpus_dir, 'real.txt')
   big = os.path.join(args.corpus_dir, 'real_x4.txt')
   o = lambda name: os.path.join(args.out, name)  # noqa: E731
   results = {}
@@ -143,8 +145,10 @@ def main():
                                                    args.dupe_factor))
     show(f'ours {seq}, 1 worker, 1 core', our_run(small, o(f'ours_{seq}'), seq, preds,
                                                   args.dupe_factor))
-    show(f'ours {seq}, 2 workers', our_run(small, o(f'ours2_{seq}'), seq, preds,
-                                           args.dupe_factor, workers=2))
+    show(f'ours {seq}, 2.5M words, 1 worker', our_run(whole, o(f'oursw1_{seq}'), seq, preds,
+                                                      args.dupe_factor, workers=1))
+    show(f'ours {seq}, 2.5M words, 2 workers', our_run(whole, o(f'oursw2_{seq}'), seq, preds,
+                                                       args.dupe_factor, workers=2))
   show('ours 128, 10M words, 1 core', our_run(big, o('ours_big'), 128, 20, args.dupe_factor))
   show('ours 512 packed, 1 core', our_run(small, o('ours_packed_512'), 512, 80,
                                           args.dupe_factor, extra=['--pack']))
@@ -153,8 +157,10 @@ def main():
     r = results[f'reference {seq}, 1 core']['instances'] / results[f'reference {seq}, 1 core']['seconds']
     u = (results[f'ours {seq}, 1 worker, 1 core']['instances']
          / results[f'ours {seq}, 1 worker, 1 core']['seconds'])
-    u2 = results[f'ours {seq}, 2 workers']['instances'] / results[f'ours {seq}, 2 workers']['seconds']
-    print(f'seq {seq}: ours / reference per core {u / r:.2f}x; 2 workers / 1 worker {u2 / u:.2f}x')
+    w1 = results[f'ours {seq}, 2.5M words, 1 worker']
+    w2 = results[f'ours {seq}, 2.5M words, 2 workers']
+    print(f'seq {seq}: ours / reference per core {u / r:.2f}x; 2 workers / 1 worker '
+          f'{w1["seconds"] / w2["seconds"]:.2f}x')
 
   print('\n| statistic (seq 128) | reference | ours |')
   print('| --- | ---: | ---: |')

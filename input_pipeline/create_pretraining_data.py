@@ -51,7 +51,7 @@ class Job:
   dupe_factor: int = 10
   num_shards: int = 1
   num_workers: int = 1
-  window_chars: int = 2_000_000
+  window_chars: int = 1_000_000
   pack: bool = False
   max_instances_per_row: int = 3
   exact_reference_rng: bool = False
@@ -200,7 +200,7 @@ def define_flags():
   flags.DEFINE_bool('skip_bad_lines', False, 'Skip (and count) non-UTF-8 lines instead of failing.')
   flags.DEFINE_integer('num_shards', 1, 'Output shards.')
   flags.DEFINE_integer('num_workers', 1, 'Worker processes (each owns whole shards).')
-  flags.DEFINE_integer('window_chars', 2_000_000, 'Characters of text per instance window.')
+  flags.DEFINE_integer('window_chars', 1_000_000, 'Characters of text per instance window.')
   flags.DEFINE_bool('pack', False, 'Pack several instances per row (packed features).')
   flags.DEFINE_integer('max_instances_per_row', 3, 'With --pack: instances per row at most.')
   flags.DEFINE_bool('exact_reference_rng', False, 'Mask instance by instance with the '

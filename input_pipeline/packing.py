@@ -47,8 +47,8 @@ def pack_rows(lengths: np.ndarray, num_masked: np.ndarray, cfg: MaskingConfig,
   return [members for _, members in rows]
 
 
-def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int
-               ) -> dict[str, np.ndarray]:
+def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int,
+               chunk_rows: int = 4096) -> dict[str, np.ndarray]:
   """A block's instances -> packed rows (DESIGN.md's packed fields), [R, ...] each."""
   m = block.masked
   s, p, k = cfg.max_seq_length, cfg.max_predictions_per_seq, max_instances_per_row
@@ -73,25 +73,28 @@ def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int
 
   token_offset, pred_offset = offsets(m.lengths), offsets(m.num_masked)
 
-  f = {name: np.zeros((r, s), np.int64) for name in
+  f = {name: np.zeros((r, s), np.int32) for name in
        ('input_ids', 'input_mask', 'segment_ids', 'position_ids', 'packed_segment_ids')}
-  inst, col = np.nonzero(np.arange(s) < m.lengths[:, None])
-  dst = (row_of[inst], token_offset[inst] + col)
-  f['input_ids'][dst] = m.input_ids[inst, col]
-  f['input_mask'][dst] = 1
-  f['segment_ids'][dst] = m.segment_ids[inst, col]
-  f['position_ids'][dst] = col
-  f['packed_segment_ids'][dst] = slot_of[inst] + 1
-
-  f.update({name: np.zeros((r, p), np.int64) for name in ('masked_lm_positions', 'masked_lm_ids')})
+  f.update({name: np.zeros((r, p), np.int32) for name in ('masked_lm_positions', 'masked_lm_ids')})
   f['masked_lm_weights'] = np.zeros((r, p), np.float32)
-  inst, j = np.nonzero(np.arange(p) < m.num_masked[:, None])
-  dst = (row_of[inst], pred_offset[inst] + j)
-  f['masked_lm_positions'][dst] = m.masked_lm_positions[inst, j] + token_offset[inst]
-  f['masked_lm_ids'][dst] = m.masked_lm_ids[inst, j]
-  f['masked_lm_weights'][dst] = 1.0
+  for lo in range(0, n, chunk_rows):  # scatter a chunk of instances at a time: bounded memory
+    hi = min(n, lo + chunk_rows)
+    inst, col = np.nonzero(np.arange(s) < m.lengths[lo:hi, None])
+    inst += lo
+    dst = (row_of[inst], token_offset[inst] + col)
+    f['input_ids'][dst] = m.input_ids[inst, col]
+    f['input_mask'][dst] = 1
+    f['segment_ids'][dst] = m.segment_ids[inst, col]
+    f['position_ids'][dst] = col
+    f['packed_segment_ids'][dst] = slot_of[inst] + 1
+    inst, j = np.nonzero(np.arange(p) < m.num_masked[lo:hi, None])
+    inst += lo
+    dst = (row_of[inst], pred_offset[inst] + j)
+    f['masked_lm_positions'][dst] = m.masked_lm_positions[inst, j] + token_offset[inst]
+    f['masked_lm_ids'][dst] = m.masked_lm_ids[inst, j]
+    f['masked_lm_weights'][dst] = 1.0
 
-  f.update({name: np.zeros((r, k), np.int64) for name in
+  f.update({name: np.zeros((r, k), np.int32) for name in
             ('next_sentence_positions', 'next_sentence_labels')})
   f['next_sentence_weights'] = np.zeros((r, k), np.float32)
   dst = (row_of, slot_of)

@@ -67,6 +67,40 @@ def test_missing_input_is_a_clear_error():
     list(corpus.read_text_files('/nope/*.txt'))
 
 
+def test_tfds_corpus_through_tfds_own_mock_data(docs, tmp_path):
+  import tensorflow_datasets as tfds
+  articles = [' '.join(d) for d in docs[:60]]
+
+  def as_dataset(self, split, *args, **kwargs):
+    del self, split, args, kwargs
+    return tf.data.Dataset.from_tensor_slices({'text': articles, 'title': ['t'] * len(articles)})
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    stats = corpus.CorpusStats()
+    got = list(corpus.documents_from_flags(None, 'wikipedia/20230601.en', stats=stats))
+    assert got == [corpus.split_sentences(a) for a in articles] and stats.documents == 60
+    job = cpd.Job(output_file=str(tmp_path / 'wiki'), masking=MaskingConfig(), vocab_file=VOCAB,
+                  tfds_name='wikipedia/20230601.en', dupe_factor=1)
+    assert cpd.run(job)['instances'] > 60
+    with pytest.raises(KeyError, match="has no feature 'body'.*'text'.*--tfds_feature"):
+      list(corpus.documents_from_flags(None, 'wikipedia/20230601.en', tfds_feature='body'))
+
+
+def test_huge_line_and_one_sentence_documents(tmp_path):
+  path = tmp_path / 'odd.txt'
+  huge = ' '.join(['word'] * 2_000_000) + '.'  # one 10 MB line
+  path.write_text('Alone here.\n\nAlso alone.\n\n' + huge + '\nAfter it.\n\nLast one.\n')
+  docs = list(corpus.read_text_files(str(path)))
+  assert [len(d) for d in docs] == [1, 1, 2, 1]
+  job = cpd.Job(output_file=str(tmp_path / 'odd'), masking=MaskingConfig(), vocab_file=VOCAB,
+                input_file=str(path), dupe_factor=3)
+  stats = cpd.run(job)
+  assert stats['instances'] >= 12  # every document serves, one-sentence ones too
+  assert stats['truncation_rate'] > 0
+  batches = _read_all(data_lib.ReaderConfig(files=job.output_file, batch_size=8))
+  assert max(int(b['input_mask'].sum(axis=1).max()) for b in batches) <= 128
+
+
 def test_sentence_splitter():
   assert corpus.split_sentences('It works. Does it? Yes! e.g. this stays.\n\nNew para.') == [
       'It works.', 'Does it?', 'Yes! e.g. this stays.', 'New para.']
