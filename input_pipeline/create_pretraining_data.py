@@ -55,6 +55,9 @@ class Job:
   pack: bool = False
   max_instances_per_row: int = 3
   exact_reference_rng: bool = False
+  # No vocab_file/spm_model: learn one from the corpus first ('wordpiece' | 'sentencepiece').
+  train_tokenizer: str = ''
+  vocab_size: int = 30522
 
   def shard_paths(self) -> list[str]:
     if self.num_shards == 1:
@@ -125,6 +128,32 @@ def _run_worker(job: Job, worker: int) -> dict:
               rows=rows, padding_tokens=padding_tokens)
 
 
+def train_tokenizer(job: Job) -> Job:
+  """Learn a vocabulary from the job's corpus; return the job pointing at it.
+
+  WordPiece goes to `<output_file>.vocab/vocab.txt`, SentencePiece (unigram) to
+  `<output_file>.spm.model`; pass the same file to training (`data.vocab_file` /
+  `data.spm_model`) so that the exported model carries it.
+  """
+  if job.vocab_file or job.spm_model:
+    raise ValueError('--train_tokenizer learns a vocabulary: drop --vocab_file/--spm_model')
+  sentences = (s for doc in corpus_lib.documents_from_flags(
+      job.input_file, job.tfds_name, tfds_split=job.tfds_split, tfds_feature=job.tfds_feature,
+      tfds_data_dir=job.tfds_data_dir, skip_bad_lines=job.skip_bad_lines) for s in doc)
+  if job.train_tokenizer == 'wordpiece':
+    from input_pipeline.tokenizer import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+    tok = WordPieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.vocab',
+                                   do_lower_case=job.do_lower_case)
+    return dataclasses.replace(job, vocab_file=tok.vocab_file, train_tokenizer='')
+  if job.train_tokenizer == 'sentencepiece':
+    from input_pipeline.tokenizer import SentencePieceTokenizer  # pylint: disable=g-import-not-at-top
+    tok = SentencePieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.spm',
+                                       lowercase=job.do_lower_case)
+    return dataclasses.replace(job, spm_model=tok.model_file, train_tokenizer='')
+  raise ValueError(f'--train_tokenizer={job.train_tokenizer!r}: expected wordpiece or '
+                   'sentencepiece')
+
+
 def _worker_entry(args):
   return _run_worker(*args)
 
@@ -136,8 +165,10 @@ def run(job: Job) -> dict:
   if job.num_workers > job.num_shards:
     raise ValueError(f'--num_workers={job.num_workers} exceeds --num_shards={job.num_shards}: '
                      'a worker owns whole shards, so raise --num_shards')
-  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
   os.makedirs(os.path.dirname(os.path.abspath(job.output_file)), exist_ok=True)
+  if job.train_tokenizer:
+    job = train_tokenizer(job)
+  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
   start = time.time()
   if job.num_workers == 1:
     results = [_run_worker(job, 0)]
@@ -165,6 +196,7 @@ def run(job: Job) -> dict:
       'nsp_random_next_fraction': round(stats.random_next / max(stats.instances, 1), 4),
       'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
       'files': job.shard_paths(), 'packed': job.pack,
+      'vocab_file': job.vocab_file, 'spm_model': job.spm_model,
       'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
       'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
   }
@@ -193,6 +225,10 @@ def define_flags():
   flags.DEFINE_float('short_seq_prob', 0.1, 'Probability of a shorter random target length.')
   # Ours.
   flags.DEFINE_string('spm_model', None, 'SentencePiece .model instead of --vocab_file.')
+  flags.DEFINE_enum('train_tokenizer', None, ['wordpiece', 'sentencepiece'],
+                    'Without --vocab_file/--spm_model: learn a vocabulary of --vocab_size from '
+                    'the corpus first (written next to --output_file).')
+  flags.DEFINE_integer('vocab_size', 30522, 'With --train_tokenizer.')
   flags.DEFINE_string('tfds_name', None, 'TFDS dataset, e.g. wikipedia/20230601.en.')
   flags.DEFINE_string('tfds_split', 'train', 'TFDS split.')
   flags.DEFINE_string('tfds_feature', 'text', 'TFDS text feature.')
@@ -225,7 +261,8 @@ def job_from_flags() -> Job:
              num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
              window_chars=FLAGS.window_chars, pack=FLAGS.pack,
              max_instances_per_row=FLAGS.max_instances_per_row,
-             exact_reference_rng=FLAGS.exact_reference_rng)
+             exact_reference_rng=FLAGS.exact_reference_rng,
+             train_tokenizer=FLAGS.train_tokenizer or '', vocab_size=FLAGS.vocab_size)
 
 
 def main(argv):

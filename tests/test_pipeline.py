@@ -415,6 +415,31 @@ def test_reader_packs_on_the_fly_without_losing_or_changing_instances(corpus_fil
     data_lib.make_dataset(data_lib.ReaderConfig(**base, packed=True, pack=True), training=True)
 
 
+@pytest.mark.parametrize('tokenizer_kind', ['wordpiece', 'sentencepiece'])
+def test_one_command_from_a_folder_of_text_to_packed_batches(docs, tmp_path, tokenizer_kind):
+  import subprocess
+  import sys
+  folder = tmp_path / 'texts'
+  folder.mkdir()
+  for i in range(3):
+    corpus.write_text_file(docs[i * 100:(i + 1) * 100], str(folder / f'part{i}.txt'))
+  out = tmp_path / 'data' / 'train'
+  cmd = [sys.executable, '-m', 'input_pipeline.create_pretraining_data',
+         f'--input_file={folder}/*.txt', f'--output_file={out}',
+         f'--train_tokenizer={tokenizer_kind}', '--vocab_size=1500', '--pack',
+         '--num_shards=2', '--num_workers=2', '--dupe_factor=2']
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  stats = json.loads(done.stdout[done.stdout.index('{'):])
+  vocab = stats['vocab_file'] or stats['spm_model']
+  assert os.path.exists(vocab) and stats['packed'] and stats['rows'] < stats['instances']
+  cfg = data_lib.ReaderConfig(files=f'{out}-*', batch_size=8, packed=True, seed=1)
+  batch = next(data_lib.DataIterator(data_lib.make_dataset(cfg, training=True)))
+  assert batch['input_ids'].shape == (8, 128) and batch['next_sentence_weights'].sum() > 8
+  assert batch['input_ids'].max() < 1500 + 5
+
+
 # ----------------------------------------------------------------------------- reader
 
 
