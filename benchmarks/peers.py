@@ -168,9 +168,9 @@ def run_worker(side: str, size: str, python: str) -> dict:
 
 def setup_flax_venv(path: str) -> None:
   subprocess.run([sys.executable, '-m', 'venv', path], check=True)
+  # transformers 4.57.6's Flax BERT runs on our own jax/flax/optax pins: same XLA both sides.
   subprocess.run([os.path.join(path, 'bin', 'pip'), 'install', '-q', 'transformers==4.57.6',
-                  'flax==0.10.7', 'jax==0.6.2', 'jaxlib==0.6.2', 'optax==0.2.5',
-                  'numpy<2.3'], check=True)
+                  'jax==0.10.2', 'flax==0.12.8', 'optax==0.2.8'], check=True)
 
 
 def main():

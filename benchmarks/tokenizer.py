@@ -51,6 +51,8 @@ def main():
   print(f'{len(lines):,} lines, {sum(len(l.split()) for l in lines):,} words, one core\n')
   print('| tokenizer | tokens | seconds (best of 3) | tokens/s |')
   print('| --- | ---: | ---: | ---: |')
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.FLAGS(['tokenizer_benchmark'])  # the reference's tokenizer reads an absl flag
   reference = tokenization.FullTokenizer(VOCAB, do_lower_case=True)
   ref = rate('reference FullTokenizer (Python)',
              lambda ls: sum(len(reference.tokenize(l)) for l in ls), lines, repeats=1)
