@@ -13,7 +13,8 @@ sides are interleaved round by round: ours, HF Flax, HF PyTorch, ours, ... the f
 median over rounds. tokens/s = batch x 128 / step time. MFU = the issue's useful-work FLOPs
 (MLM head on the 20 labelled positions: `bert_jax.flops`) / step time / the float32 matmul
 peak JAX measures in our process (each process's own peak is printed as well). Both HF models
-compute the MLM head on all 128 positions, as their pre-training code does.
+compute the MLM head on all 128 positions, as their pre-training code does. Ours runs with
+unrolled layers (`model.scan_layers=False`), 5-8% faster on this CPU than scanned ones.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def full_labels(b):
 def worker_ours(size: str, batch: int) -> dict:
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from train_step import bench  # pylint: disable=g-import-not-at-top
-  r = bench(size, 'float32', batch=batch)
+  r = bench(size, 'float32', batch=batch, scan=False)  # unrolled layers: faster on CPU
   return {'step_s': r['step_s'], 'peak_flops': r['peak_gflops'] * 1e9,
           'compile_s': r['compile_s']}
 
