@@ -45,7 +45,7 @@ def train(dtype: str, workdir: str, data: str, steps: int) -> list[dict]:
        '--config.optimizer.warmup_steps=50'],
       cwd=ROOT, check=True, capture_output=True, env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [r for r in map(json.loads, f) if 'loss' in r]
+    return [r for r in map(json.loads, f) if 'train/loss' in r]
 
 
 def main():
@@ -57,6 +57,7 @@ def main():
   args = parser.parse_args()
   if args.sizes:
     speed(args.sizes.split(','))
+  # A finished run is not retrained: bert_jax.main resumes at its last step and exits.
   if not args.steps:
     return
   curves = {dtype: train(dtype, os.path.join(args.out, dtype), args.data, args.steps)
@@ -64,13 +65,13 @@ def main():
   print('\n| step | f32 loss | bf16 loss | f32 MLM acc | bf16 MLM acc |')
   print('| ---: | ---: | ---: | ---: | ---: |')
   for a, b in zip(curves['float32'], curves['bfloat16']):
-    print(f'| {a["step"]} | {a["loss"]:.4f} | {b["loss"]:.4f} | {a.get("mlm_accuracy", 0):.4f} | '
-          f'{b.get("mlm_accuracy", 0):.4f} |')
+    print(f'| {a["step"]} | {a["train/loss"]:.4f} | {b["train/loss"]:.4f} | '
+          f'{a["train/mlm_accuracy"]:.4f} | {b["train/mlm_accuracy"]:.4f} |')
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   for dtype, rows in curves.items():
-    plt.plot([r['step'] for r in rows], [r['loss'] for r in rows], label=dtype)
+    plt.plot([r['step'] for r in rows], [r['train/loss'] for r in rows], label=dtype)
   plt.xlabel('step')
   plt.ylabel('train loss (MLM + NSP)')
   plt.legend()
