@@ -154,7 +154,8 @@ def main():
                                           args.dupe_factor, extra=['--pack']))
 
   for seq in (128, 512):
-    r = results[f'reference {seq}, 1 core']['instances'] / results[f'reference {seq}, 1 core']['seconds']
+    ref = results[f'reference {seq}, 1 core']
+    r = ref['instances'] / ref['seconds']
     u = (results[f'ours {seq}, 1 worker, 1 core']['instances']
          / results[f'ours {seq}, 1 worker, 1 core']['seconds'])
     w1 = results[f'ours {seq}, 2.5M words, 1 worker']

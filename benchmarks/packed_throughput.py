@@ -66,7 +66,8 @@ def main():
     packed = run(size, os.path.join(args.data, 'ours_packed_512'), True, args.batch)
     print(f'| {size} | {plain["padding"]:.1%}, {plain["step_s"] * 1e3:.0f}, '
           f'{plain["tokens_per_s"]:,.0f} | {packed["padding"]:.1%}, {packed["step_s"] * 1e3:.0f}, '
-          f'{packed["tokens_per_s"]:,.0f} | {packed["tokens_per_s"] / plain["tokens_per_s"]:.2f}x |',
+          f'{packed["tokens_per_s"]:,.0f} | '
+          f'{packed["tokens_per_s"] / plain["tokens_per_s"]:.2f}x |',
           flush=True)
 
 

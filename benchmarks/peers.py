@@ -118,7 +118,8 @@ def worker_flax(size: str, batch: int) -> dict:
   opt_state = tx.init(params)
   b = data(batch)
   labels = jnp.asarray(full_labels(b))
-  batch_in = dict(input_ids=jnp.asarray(b['input_ids']), attention_mask=jnp.asarray(b['input_mask']),
+  batch_in = dict(input_ids=jnp.asarray(b['input_ids']),
+                  attention_mask=jnp.asarray(b['input_mask']),
                   token_type_ids=jnp.asarray(b['segment_ids']))
   nsp = jnp.asarray(b['next_sentence_labels'][:, 0])
 

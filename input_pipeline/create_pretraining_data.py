@@ -31,7 +31,7 @@ from absl import app, flags, logging
 from input_pipeline import corpus as corpus_lib
 from input_pipeline import example_codec, masking, packing, tfrecord
 from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances
-from input_pipeline.tokenizer import load_tokenizer
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +141,10 @@ def train_tokenizer(job: Job) -> Job:
       job.input_file, job.tfds_name, tfds_split=job.tfds_split, tfds_feature=job.tfds_feature,
       tfds_data_dir=job.tfds_data_dir, skip_bad_lines=job.skip_bad_lines) for s in doc)
   if job.train_tokenizer == 'wordpiece':
-    from input_pipeline.tokenizer import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
     tok = WordPieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.vocab',
                                    do_lower_case=job.do_lower_case)
     return dataclasses.replace(job, vocab_file=tok.vocab_file, train_tokenizer='')
   if job.train_tokenizer == 'sentencepiece':
-    from input_pipeline.tokenizer import SentencePieceTokenizer  # pylint: disable=g-import-not-at-top
     tok = SentencePieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.spm',
                                        lowercase=job.do_lower_case)
     return dataclasses.replace(job, spm_model=tok.model_file, train_tokenizer='')

@@ -9,8 +9,8 @@ with the unused chunks put back, truncation of the longer segment from a random 
 never [CLS]/[SEP], whole-word masking optional. Tokens are ids, not strings.
 
 `create_instances` interleaves them as the reference does and reproduces its random stream;
-data creation by default pairs with `pair_spans` (O(1) truncation) and masks whole blocks at once with
-`masking.mask_block` (same rules, numpy random stream, far faster).
+data creation by default pairs with `pair_spans` (O(1) truncation) and masks whole blocks at
+once with `masking.mask_block` (same rules, numpy random stream, far faster).
 
 One documented choice: by default random replacements come from `tokenizer.replacement_ids`
 (real tokens, no specials or [unused]); the reference draws from the whole vocabulary, which
@@ -222,7 +222,8 @@ def pair_spans(window: Window, order: Sequence[int], position: int, cfg: Masking
         other_cum = window.cum[other]
         random_start = rng.randint(0, len(other_cum) - 2)
         end = random_start + 1  # sentences up to the first that reaches target_b_length
-        while end < len(other_cum) - 1 and other_cum[end] - other_cum[random_start] < target_b_length:
+        last = len(other_cum) - 1
+        while end < last and other_cum[end] - other_cum[random_start] < target_b_length:
           end += 1
         b_start = window.doc_start[other] + other_cum[random_start]
         len_b = other_cum[end] - other_cum[random_start]

@@ -6,8 +6,9 @@ candidates are all real tokens but [CLS]/[SEP]; they are visited in a uniformly 
 num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob))) and skipped
 when it does not, until num_to_predict positions are taken; each taken position becomes [MASK]
 80%, stays 10%, a random token 10%. Only the random stream differs from the reference's
-Python `random.Random` (a numpy Generator, one draw per array instead of per token), which is
-what makes it about 50x faster than a per-token Python loop.
+Python `random.Random` (a numpy Generator, one draw per array instead of per token); with span
+pairing, instance creation runs about 3x faster than the per-instance Python path at 128 tokens
+(1.6x at 512), and whole data creation 6x the reference's (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

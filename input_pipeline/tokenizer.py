@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -188,7 +187,8 @@ def _spm_to_fast(model_file: str):
   the exported object makes the exported `AutoTokenizer` agree with our data exactly.
   """
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
-  from tokenizers import (AddedToken, Regex, Tokenizer, decoders, normalizers,  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tokenizers import (AddedToken, Regex, Tokenizer, decoders, normalizers,
                           pre_tokenizers, processors)
   from tokenizers.models import BPE, Unigram  # pylint: disable=g-import-not-at-top
 
