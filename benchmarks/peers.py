@@ -30,10 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PRESETS = {  # layers, hidden, heads, intermediate (google-research/bert's small models)
-    'tiny': (2, 128, 2, 512), 'mini': (4, 256, 4, 1024), 'small': (4, 512, 8, 2048),
-    'medium': (8, 512, 8, 2048), 'base': (12, 768, 12, 3072), 'large': (24, 1024, 16, 4096)}
-BATCH = {'tiny': 32, 'mini': 32, 'small': 32, 'medium': 32, 'base': 8, 'large': 8}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step import BATCH, bench  # noqa: E402  (the benchmark's batch per size)
 SEQ, PREDS, VOCAB, WARMUP, STEPS = 128, 20, 30522, 3, 10
 
 
@@ -61,9 +59,18 @@ def full_labels(b):
   return labels
 
 
+def hf_config(size: str):
+  """transformers.BertConfig of our preset `size`, dropout 0.1."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  c = BertConfig.from_preset(size)
+  return transformers.BertConfig(
+      vocab_size=VOCAB, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads, intermediate_size=c.intermediate_size,
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
 def worker_ours(size: str, batch: int) -> dict:
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from train_step import bench  # pylint: disable=g-import-not-at-top
   r = bench(size, 'float32', batch=batch, scan=False)  # unrolled layers: faster on CPU
   return {'step_s': r['step_s'], 'peak_flops': r['peak_gflops'] * 1e9,
           'compile_s': r['compile_s']}
@@ -72,11 +79,8 @@ def worker_ours(size: str, batch: int) -> dict:
 def worker_torch(size: str, batch: int) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  layers, hidden, heads, inter = PRESETS[size]
   torch.manual_seed(0)
-  cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-                                num_attention_heads=heads, intermediate_size=inter,
-                                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+  cfg = hf_config(size)
   model = transformers.BertForPreTraining(cfg).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
   b = data(batch)
@@ -108,10 +112,7 @@ def worker_flax(size: str, batch: int) -> dict:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  layers, hidden, heads, inter = PRESETS[size]
-  cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-                                num_attention_heads=heads, intermediate_size=inter,
-                                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+  cfg = hf_config(size)
   model = transformers.FlaxBertForPreTraining(cfg, seed=0, dtype=jnp.float32)
   tx = optax.adamw(1e-4, weight_decay=0.01)
   params = model.params

@@ -8,7 +8,6 @@ run naming the step, without saving: the last checkpoint stays the last good one
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -46,24 +45,7 @@ def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.Re
       seed=seed, dynamic_masking=d.dynamic_masking, whole_word_masking=d.whole_word_masking,
       pack=d.pack, pack_window=d.pack_window, vocab_size=config.model.vocab_size,
       threads=d.threads, vocab_file=d.vocab_file, spm_model=d.spm_model,
-      do_lower_case=d.do_lower_case, **special_ids(config))
-
-
-def special_ids(config) -> dict[str, int]:
-  """Special-token ids for dynamic masking: from the tokenizer when one is configured."""
-  if not (config.data.vocab_file or config.data.spm_model):
-    return {}
-  return dict(_special_ids(config.data.vocab_file or None, config.data.spm_model or None,
-                           config.data.do_lower_case))
-
-
-@functools.lru_cache(maxsize=None)
-def _special_ids(vocab_file, spm_model, do_lower_case) -> tuple[tuple[str, int], ...]:
-  # Cached: the reader config is rebuilt for every eval.
-  from input_pipeline.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
-  tok = load_tokenizer(vocab_file, spm_model, do_lower_case)
-  return (('mask_id', tok.mask_id), ('cls_id', tok.cls_id), ('sep_id', tok.sep_id),
-          ('first_real_token_id', int(tok.replacement_ids.min())))
+      do_lower_case=d.do_lower_case)
 
 
 def per_process_batch(global_batch: int) -> int:

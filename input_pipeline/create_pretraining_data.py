@@ -106,7 +106,7 @@ def _run_worker(job: Job, worker: int) -> dict:
         continue
       sentences = [s for doc in window for s in doc]
       ids = iter(tokenizer.encode_batch(sentences))
-      tokenized = [[t for t in (next(ids) for _ in doc) if t] for doc in window]
+      tokenized = [[next(ids) for _ in doc] for doc in window]  # Window drops empty ones
       block = _window_block(job, tokenized, tokenizer, index)
       stats.add_block(block)
       if job.pack:

@@ -61,14 +61,12 @@ class InstanceStats:
   kept_token: int = 0
   random_next: int = 0
   truncated: int = 0
-  candidates: int = 0
 
   def add_block(self, block) -> None:
     """Totals of a `masking.Block`, vectorised."""
     m = block.masked
     self.instances += len(block)
     self.tokens += int(m.lengths.sum())
-    self.candidates += int(m.lengths.sum()) - 3 * len(block)
     self.masked += int(m.num_masked.sum())
     self.mask_token += m.replacements[0]
     self.random_token += m.replacements[1]

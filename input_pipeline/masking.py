@@ -57,7 +57,7 @@ class MaskedBlock:
 
 
 def pad_block(token_lists: list[list[int]], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """Lists of ids -> ([N, S] zero-padded int64, lengths)."""
+  """Lists of ids -> ([N, S] zero-padded int32, lengths)."""
   lengths = np.fromiter(map(len, token_lists), np.int64, len(token_lists))
   if len(token_lists) and lengths.max() > seq_len:
     raise ValueError(f'a row has {lengths.max()} entries, more than its width {seq_len}')
