@@ -9,6 +9,7 @@ import transformers
 
 from bert_jax import hf
 from bert_jax.model import PRESETS, BertConfig, BertForPreTraining, count_params, init_params
+from tolerance import assert_trees_close
 
 TINY = BertConfig.from_preset('tiny')
 
@@ -128,7 +129,9 @@ def test_remat_does_not_change_gradients(policy):
 
   g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, TINY)
   g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, TINY.replace(remat_policy=policy))
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g0, g1)
+  # Same math, different fusion: equal to float32 round-off at the gradients' scale (entries
+  # reach ~140 here; observed differences ~1e-7 of that on AVX2 and AVX-512 alike).
+  assert_trees_close(g1, g0, rtol=1e-6)
 
 
 def test_gelu_tanh_is_selectable_and_differs_from_erf():
