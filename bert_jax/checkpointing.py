@@ -18,21 +18,27 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from input_pipeline import fs
+
 
 class DataIteratorHandler(ocp.CheckpointHandler):
   """Saves/restores `input_pipeline.dataset.DataIterator` of every process."""
 
   def save(self, directory: epath.Path, args: 'DataIteratorSave'):
-    args.iterator.save(os.path.join(os.fspath(directory), f'process_{jax.process_index()}', 'it'))
+    args.iterator.save(_process_dir(directory))
 
   def restore(self, directory: epath.Path, args: 'DataIteratorRestore'):
-    path = os.path.join(os.fspath(directory), f'process_{jax.process_index()}', 'it')
-    if not os.path.exists(path + '.index'):
+    path = _process_dir(directory)
+    if not fs.exists(fs.join(path, 'it.index')):
       raise FileNotFoundError(f'{path}: no data-iterator state for process '
                               f'{jax.process_index()}; was the checkpoint written with fewer '
                               'processes? Restore with the same process count.')
     args.iterator.restore(path)
     return args.iterator
+
+
+def _process_dir(directory: epath.Path) -> str:
+  return fs.join(os.fspath(directory), f'process_{jax.process_index()}')
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -48,7 +54,7 @@ class DataIteratorRestore(ocp.args.CheckpointArgs):
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+  return fs.join(fs.absolute(workdir), 'checkpoints')
 
 
 def make_manager(workdir: str, *, max_to_keep: int = 3, keep_period: int | None = None,
@@ -87,7 +93,7 @@ def restore_params(workdir: str, step: int | None = None) -> tuple[int, Any]:
   """(step, params as host numpy) from a workdir's latest (or given) step: for phase-2 init
   and export, whatever optimizer or mesh wrote it."""
   directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
+  if not fs.isdir(directory):
     raise FileNotFoundError(f'{workdir}: no checkpoints/ directory; is it a training workdir?')
   with ocp.CheckpointManager(directory, item_handlers={
       'state': ocp.PyTreeCheckpointHandler(), 'data': DataIteratorHandler()}) as manager:

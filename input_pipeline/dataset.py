@@ -1,30 +1,39 @@
 """The tf.data reader for training and eval: per-host shards, checkpointable, numpy out.
 
-Reads google-research/bert's TFRecords unchanged, and ours (plain or packed). Training:
-list files -> this process's share (by file when there are at least as many files as
-processes, else by record) -> seeded file shuffle, repeat, interleave -> seeded shuffle ->
-parse -> optional dynamic masking (RoBERTa-style: fresh masks every time a row is read, by the
-same `masking.mask_block` as data creation, whole words optional) -> optional packing on the
-fly (`packing.pack_block` over windows of records) -> per-process batch -> prefetch. Eval: no
-shuffle, no repeat, and the last partial batch padded with zero-weight rows so every batch has
-the jitted shape. Masking and packing run as `tf.numpy_function` on whole batches, declared
-stateless, so iterator checkpoints still work.
+Reads google-research/bert's TFRecords unchanged, and ours (plain or packed), from local paths
+or gs:// alike: records are read through `tfrecord.records_in_range` (our one file-system
+layer), not TensorFlow's file system, whose GCS client reaches only Google's endpoints.
+
+Sharding is by chunk: every file is cut into byte ranges (`read_chunk_bytes`, smaller when the
+data is small, so each process gets several) and process i reads chunks i, i+n, ... of the
+sorted list. Processes get the same number of chunks to within one whatever the file count
+(500 files on 64 hosts oversample nothing), and a process never reads a byte that another does.
+
+Training: this process's chunks -> seeded shuffle, repeat -> interleave (8 chunks at once) ->
+seeded shuffle buffer -> parse -> optional dynamic masking (RoBERTa-style: fresh masks every
+time a row is read, by the same `masking.mask_block` as data creation, whole words optional) ->
+optional packing on the fly (`packing.pack_block` over windows of records) -> per-process batch
+-> prefetch. Eval: chunks in order, no shuffle, no repeat, and the last partial batch padded
+with zero-weight rows so every batch has the jitted shape. Reading, masking and packing run as
+`tf.numpy_function`s declared stateless, so iterator checkpoints still work.
 
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
-with `tf.train.Checkpoint`, so a restarted run gets exactly the batches it would have got.
+with `tf.train.Checkpoint`, staged through a local temporary directory when the target is a
+URL, so a restarted run gets exactly the batches it would have got.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
+import math
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
 
-from input_pipeline import masking, packing
+from input_pipeline import fs, masking, packing, tfrecord
 from input_pipeline.instances import MaskingConfig
 
 INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
@@ -61,12 +70,15 @@ class ReaderConfig:
   # tf.data threads (0 = TF's default, all cores). On a small CPU machine the input pipeline
   # otherwise competes with XLA for the cores that run the train step.
   threads: int = 0
+  # Largest byte range read at once (one request on an object store): the unit of sharding.
+  read_chunk_bytes: int = 1 << 20
 
 
 def list_files(patterns: str) -> list[str]:
   files = []
   for pattern in (p.strip() for p in patterns.split(',') if p.strip()):
-    matched = sorted(f for f in glob.glob(pattern) if not f.endswith(('.json', '.tmp')))
+    matched = [f for f in fs.glob(pattern) if not f.endswith(('.json', '.tmp'))
+               and not fs.basename(f).startswith('.')]
     if not matched:
       raise FileNotFoundError(f'data files {pattern!r}: no such file; create them with '
                               'python -m input_pipeline.create_pretraining_data')
@@ -196,24 +208,45 @@ def _pad_to_batch(batch_size: int):
   return pad
 
 
+def chunks(files: list[str], read_chunk_bytes: int, process_count: int) -> list[tuple]:
+  """(file, start, end, file size) byte ranges over all files, in order. The chunk size shrinks
+  for small data so that every process gets at least 8 chunks."""
+  sizes = fs.sizes(files)
+  target = math.ceil(sum(sizes) / (8 * process_count)) if sum(sizes) else 1
+  size = max(min(read_chunk_bytes, target), 1024)
+  return [(f, start, min(start + size, n), n) for f, n in zip(files, sizes)
+          for start in range(0, n, size)]
+
+
+def _read_chunk(path, start, end, file_size):
+  records = tfrecord.records_in_range(path.decode(), int(start), int(end), int(file_size))
+  return np.array(records, dtype=object) if records else np.zeros([0], dtype=object)
+
+
+def _chunk_records(path, start, end, file_size) -> tf.Tensor:
+  records = tf.numpy_function(_read_chunk, [path, start, end, file_size], tf.string,
+                              stateful=False)
+  return tf.ensure_shape(records, [None])
+
+
 def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
                  process_count: int = 1) -> tf.data.Dataset:
   if cfg.packed and (cfg.dynamic_masking or cfg.pack):
     raise ValueError('data.dynamic_masking and data.pack need unpacked records (these are '
                      'packed): write them without --pack and let the reader pack')
-  files = list_files(cfg.files)
-  by_file = len(files) >= process_count
-  if by_file:
-    files = files[process_index::process_count]
-  ds = tf.data.Dataset.from_tensor_slices(files)
+  mine = chunks(list_files(cfg.files), cfg.read_chunk_bytes, process_count)
+  mine = mine[process_index::process_count]
+  if not mine:
+    raise ValueError(f'data files {cfg.files!r}: nothing for process {process_index} of '
+                     f'{process_count} (the files are empty); re-create them')
+  ds = tf.data.Dataset.from_tensor_slices(tuple(list(c) for c in zip(*mine)))
+  read = lambda *chunk: tf.data.Dataset.from_tensor_slices(_chunk_records(*chunk))
   if training:
-    ds = ds.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.shuffle(len(mine), seed=cfg.seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.interleave(read, cycle_length=min(len(mine), 8), block_length=1,
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   else:
-    ds = ds.flat_map(tf.data.TFRecordDataset)
-  if not by_file:
-    ds = ds.shard(process_count, process_index)
+    ds = ds.flat_map(read)
   if training:
     ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed + 1, reshuffle_each_iteration=True)
   ds = ds.map(_parse(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -257,16 +290,32 @@ class DataIterator:
   def __next__(self) -> dict[str, np.ndarray]:
     try:
       return {k: v.numpy() for k, v in next(self._iterator).items()}
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      reason = e.message.strip().splitlines()[0][:300]
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
+            tf.errors.UnknownError) as e:
+      reason = _first_line(e.message)
+      if 'not a valid TFRecord' in reason:
+        raise ValueError(reason) from None
       raise ValueError(
           f'data files {self._source!r}: corrupt, or not BERT TFRecords of this '
           f'max_seq_length/max_predictions_per_seq/packed setting ({reason}); re-create them '
           'with python -m input_pipeline.create_pretraining_data') from None
 
-  def save(self, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    self._ckpt.write(path)
+  def save(self, directory: str) -> None:
+    """The iterator's state as files in `directory` (a local path or URL)."""
+    with fs.staged_dir(directory) as local:
+      self._ckpt.write(os.path.join(local, 'it'))
 
-  def restore(self, path: str) -> None:
-    self._ckpt.read(path).assert_consumed()
+  def restore(self, directory: str) -> None:
+    if not fs.exists(fs.join(directory, 'it.index')):
+      raise FileNotFoundError(f'{directory}: no data-iterator state (it.index)')
+    with fs.local_dir(directory) as local:
+      self._ckpt.read(os.path.join(local, 'it')).assert_consumed()
+
+
+def _first_line(message: str) -> str:
+  """The Python error a numpy_function raised, without TensorFlow's traceback around it."""
+  corrupt = re.search(r'(\S+: not a valid TFRecord[^\n]*)', message)
+  if corrupt:
+    return corrupt.group(1)
+  lines = [l.strip() for l in message.strip().splitlines() if l.strip()]
+  return lines[0][:300] if lines else message

@@ -1,21 +1,31 @@
-"""A TFRecord file writer that does not import TensorFlow.
+"""TFRecord files without TensorFlow's file system: written and read through `fs`.
 
-Data creation needs TensorFlow only for `tf.io.TFRecordWriter`, and importing TensorFlow costs
-about 4 s and 650 MB of resident memory per worker process. The format is tiny: per record a
-little-endian uint64 length, the masked CRC-32C of those 8 bytes, the data, the masked CRC-32C
-of the data. CRC-32C comes from `google-crc32c` (Google's C implementation). Files are
-byte-identical to TensorFlow's (a test checks it) and are written to `path + '.tmp'` and renamed
-on `close()`, so a crash never leaves a truncated file under the final name.
+The format is tiny: per record a little-endian uint64 length, the masked CRC-32C of those 8
+bytes, the data, the masked CRC-32C of the data (CRC-32C from `google-crc32c`, Google's C
+implementation). Files we write are byte-identical to `tf.io.TFRecordWriter`'s (a test checks
+it) and appear only when complete (`fs.writer`).
+
+Reading goes through `fs` too, because TensorFlow's GCS client cannot be pointed at anything but
+Google's endpoints (see fs.py). `records_in_range` reads the records that *start* in a byte
+range of a file, so a file splits into chunks that any process can read independently: the
+first record of a chunk is found by scanning for a position where the length's CRC and the
+data's CRC both check (a false match has probability 2^-64), which is how the previous chunk's
+sequential walk ends. No index file is needed, so google-research/bert's files read unchanged.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 
 import google_crc32c
+import numpy as np
+
+from input_pipeline import fs
 
 _MASK_DELTA = 0xA282EAD8
+_HEADER = 12  # uint64 length + masked crc of it
+_FOOTER = 4  # masked crc of the data
+_READAHEAD = 1 << 16  # bytes read past a chunk's end for its last record
 
 
 def _masked_crc(data: bytes) -> bytes:
@@ -30,12 +40,12 @@ def frame(record: bytes) -> bytes:
 
 
 class TFRecordWriter:
-  """Write records to `path` atomically: `close()` publishes, `abort()` removes."""
+  """Write records to `path` (local or URL) atomically: `close()` publishes, `abort()` drops."""
 
-  def __init__(self, path: str, buffer_bytes: int = 1 << 22):
+  def __init__(self, path: str):
     self.path = path
-    self._tmp = path + '.tmp'
-    self._file = open(self._tmp, 'wb', buffering=buffer_bytes)
+    self._context = fs.writer(path, 'wb')
+    self._file = self._context.__enter__()
 
   def write(self, record: bytes) -> None:
     self._file.write(frame(record))
@@ -44,9 +54,111 @@ class TFRecordWriter:
     self._file.write(b''.join(map(frame, records)))
 
   def close(self) -> None:
-    self._file.close()
-    os.replace(self._tmp, self.path)
+    self._context.__exit__(None, None, None)
 
   def abort(self) -> None:
-    self._file.close()
-    os.remove(self._tmp)
+    self._context.__exit__(_Aborted, _Aborted(), None)
+
+
+class _Aborted(Exception):
+  pass
+
+
+class CorruptRecordError(ValueError):
+  pass
+
+
+class _Window:
+  """Bytes of one file from `base` on, extended on demand with ranged reads."""
+
+  def __init__(self, path: str, base: int, end: int, file_size: int):
+    self.path, self.base, self.file_size = path, base, file_size
+    self.data = fs.read_range(path, base, min(end + _READAHEAD, file_size))
+
+  def ensure(self, stop: int) -> bool:
+    """True when bytes [.., stop) are here (reading more if the file has them)."""
+    have = self.base + len(self.data)
+    if stop <= have:
+      return True
+    if stop > self.file_size:
+      return False
+    self.data += fs.read_range(self.path, have, min(max(stop, have + _READAHEAD),
+                                                    self.file_size))
+    return True
+
+  def bytes(self, start: int, stop: int) -> bytes:
+    return self.data[start - self.base:stop - self.base]
+
+
+def _record_at(window: _Window, p: int) -> bytes | None:
+  """The record starting at absolute offset p, or None if p is not a record boundary."""
+  if not window.ensure(p + _HEADER):
+    return None
+  header = window.bytes(p, p + _HEADER)
+  if _masked_crc(header[:8]) != header[8:]:
+    return None
+  (length,) = struct.unpack('<Q', header[:8])
+  stop = p + _HEADER + length + _FOOTER
+  if not window.ensure(stop):
+    return None
+  data = window.bytes(p + _HEADER, stop - _FOOTER)
+  return data if _masked_crc(data) == window.bytes(stop - _FOOTER, stop) else None
+
+
+def _first_boundary(window: _Window, start: int, end: int) -> int | None:
+  """The first record boundary in [start, end): candidates whose length fits in the file are
+  found vectorised, then confirmed by both CRCs."""
+  window.ensure(min(end + _HEADER, window.file_size))
+  raw = np.frombuffer(window.data, np.uint8)
+  lo = start - window.base
+  hi = min(end - window.base, len(raw) - _HEADER + 1)
+  if hi <= lo:
+    return None
+  octets = np.lib.stride_tricks.sliding_window_view(raw[lo:hi + 7], 8)[:hi - lo]
+  lengths = octets.astype(np.uint64) @ (np.uint64(1) << (np.arange(8, dtype=np.uint64) * 8))
+  offsets = np.arange(lo, hi) + window.base
+  room = window.file_size - offsets - _HEADER - _FOOTER
+  fits = (room >= 0) & (lengths <= np.maximum(room, 0).astype(np.uint64))
+  for p in offsets[fits]:
+    if _record_at(window, int(p)) is not None:
+      return int(p)
+  return None
+
+
+def records_in_range(path: str, start: int, end: int, file_size: int) -> list[bytes]:
+  """Every record of a TFRecord file whose first byte lies in [start, end)."""
+  window = _Window(path, start, end, file_size)
+  p = start if start == 0 else _first_boundary(window, start, end)
+  records = []
+  while p is not None and p < end and p < file_size:
+    record = _record_at(window, p)
+    if record is None:
+      raise _corrupt(path, p)
+    records.append(record)
+    p += _HEADER + len(record) + _FOOTER
+  if p is not None and end <= p < file_size and not _header_fits(window, p):
+    # The next chunk's scan cannot tell a broken record from the inside of a long one: the
+    # chunk whose walk reaches it says so.
+    raise _corrupt(path, p)
+  return records
+
+
+def _header_fits(window: _Window, p: int) -> bool:
+  if not window.ensure(p + _HEADER):
+    return False
+  header = window.bytes(p, p + _HEADER)
+  (length,) = struct.unpack('<Q', header[:8])
+  return (_masked_crc(header[:8]) == header[8:] and
+          p + _HEADER + length + _FOOTER <= window.file_size)
+
+
+def _corrupt(path: str, p: int) -> CorruptRecordError:
+  return CorruptRecordError(
+      f'{path}: not a valid TFRecord at byte {p} (length or CRC check failed): the file is '
+      'corrupt, truncated or not a TFRecord file; re-create it with '
+      'python -m input_pipeline.create_pretraining_data')
+
+
+def read_all(path: str) -> list[bytes]:
+  """Every record of a file (tests, tools)."""
+  return records_in_range(path, 0, fs.size(path), fs.size(path))

@@ -483,7 +483,13 @@ def test_corrupt_or_mismatched_records_name_the_files(tmp_path):
   corrupt = tmp_path / 'corrupt.tfrecord'
   corrupt.write_bytes(open(REFERENCE_128, 'rb').read()[:5000])
   cfg = data_lib.ReaderConfig(files=str(corrupt), batch_size=4)
-  with pytest.raises(ValueError, match=r"data files '.*corrupt.tfrecord': corrupt.*truncated record"):
+  with pytest.raises(ValueError, match=r"corrupt.tfrecord: not a valid TFRecord at byte 4\d\d\d "
+                                       r".*truncated.*create_pretraining_data"):
+    list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False), cfg.files))
+  flipped = bytearray(open(REFERENCE_128, 'rb').read())
+  flipped[20_000] ^= 1  # one bit inside a record's data: its CRC must catch it
+  corrupt.write_bytes(bytes(flipped))
+  with pytest.raises(ValueError, match=r"corrupt.tfrecord: not a valid TFRecord at byte"):
     list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False), cfg.files))
   wrong_length = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4, max_seq_length=512)
   with pytest.raises(ValueError, match='not BERT TFRecords of this max_seq_length'):
