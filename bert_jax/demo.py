@@ -15,11 +15,15 @@ Re-running resumes training from the workdir's latest checkpoint.
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
 import time
 
 from absl import app, flags, logging
+
+from bert_jax.metric_writer import read_metrics
+from input_pipeline import fs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', 'runs/demo', 'Where data, checkpoints, logs and the export go.')
@@ -36,14 +40,14 @@ def prepare_data(workdir: str, dupe_factor: int) -> dict[str, str]:
   from input_pipeline import create_pretraining_data as cpd
   from input_pipeline.instances import MaskingConfig
   from input_pipeline.tokenizer import WordPieceTokenizer
-  data = os.path.join(workdir, 'data')
-  paths = {'train_text': os.path.join(data, 'train.txt'), 'eval_text': os.path.join(data, 'eval.txt'),
-           'vocab': os.path.join(data, 'vocab.txt'), 'train': os.path.join(data, 'train.tfrecord'),
-           'eval': os.path.join(data, 'eval.tfrecord')}
-  if all(os.path.exists(paths[k] + '.stats.json') for k in ('train', 'eval')):
+  data = fs.join(workdir, 'data')
+  paths = {'train_text': fs.join(data, 'train.txt'), 'eval_text': fs.join(data, 'eval.txt'),
+           'vocab': fs.join(data, 'vocab.txt'), 'train': fs.join(data, 'train.tfrecord'),
+           'eval': fs.join(data, 'eval.tfrecord')}
+  if all(fs.exists(paths[k] + '.stats.json') for k in ('train', 'eval')):
     _say(f'data already in {data}')
     return paths
-  os.makedirs(data, exist_ok=True)
+  fs.makedirs(data)
   docs = list(corpus.embedded_documents())
   corpus.write_text_file((d for i, d in enumerate(docs) if i % 20), paths['train_text'])
   corpus.write_text_file((d for i, d in enumerate(docs) if i % 20 == 0), paths['eval_text'])
@@ -78,13 +82,11 @@ def plot_losses(workdir: str) -> str:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   train, evals = [], []
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      r = json.loads(line)
-      if 'train/loss' in r:
-        train.append((r['step'], r['train/mlm_loss'], r['train/nsp_loss']))
-      if 'eval/loss' in r:
-        evals.append((r['step'], r['eval/mlm_loss'], r['eval/nsp_loss']))
+  for r in read_metrics(workdir):
+    if 'train/loss' in r:
+      train.append((r['step'], r['train/mlm_loss'], r['train/nsp_loss']))
+    if 'eval/loss' in r:
+      evals.append((r['step'], r['eval/mlm_loss'], r['eval/nsp_loss']))
   fig, ax = plt.subplots(figsize=(7, 4))
   for rows, style, name in ((train, '-', 'train'), (evals, 'o--', 'eval')):
     if rows:
@@ -96,9 +98,11 @@ def plot_losses(workdir: str) -> str:
   ax.set_title('BERT-tiny on the embedded corpus')
   ax.legend()
   ax.grid(alpha=0.3)
-  path = os.path.join(workdir, 'loss_curve.png')
+  path = fs.join(workdir, 'loss_curve.png')
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=100)
+  fs.write_bytes(path, png.getvalue())
   return path
 
 
@@ -113,7 +117,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
   start = time.time()
-  workdir = os.path.abspath(FLAGS.workdir)
+  workdir = fs.absolute(FLAGS.workdir)
   paths = prepare_data(workdir, FLAGS.dupe_factor)
 
   from bert_jax import export, train  # pylint: disable=g-import-not-at-top
@@ -124,7 +128,7 @@ def main(argv):
   config.data.vocab_file = paths['vocab']
   if FLAGS.steps:
     config.train.num_steps = FLAGS.steps
-  run_dir = os.path.join(workdir, 'train')
+  run_dir = fs.join(workdir, 'train')
   _say(f'training BERT-tiny for {config.train.num_steps} steps of batch '
        f'{config.train.global_batch_size} in {run_dir}')
   result = train.train_and_evaluate(config, run_dir)
@@ -134,17 +138,16 @@ def main(argv):
        f'{baseline:.4f} ({ev["mlm_accuracy"] / baseline:.2f}x); NSP accuracy '
        f'{ev["nsp_accuracy"]:.4f} (chance 0.5)')
 
-  export_dir = export.export_workdir(run_dir, os.path.join(workdir, 'hf_export'), config=config)
+  export_dir = export.export_workdir(run_dir, fs.join(workdir, 'hf_export'), config=config)
   _say(f'exported to {export_dir} (BertForPreTraining + tokenizer)')
   text, top = fill_mask_example(export_dir)
   _say(f'fill-mask through transformers: {text!r} -> {top}')
   _say(f'loss curve: {plot_losses(run_dir)}')
-  _say(f'TensorBoard: tensorboard --logdir {os.path.join(run_dir, "tensorboard")}')
+  _say(f'TensorBoard: tensorboard --logdir {fs.join(run_dir, "tensorboard")}')
   summary = {'mlm_accuracy': ev['mlm_accuracy'], 'majority_baseline': baseline,
              'nsp_accuracy': ev['nsp_accuracy'], 'steps': result['step'],
              'minutes': round((time.time() - start) / 60, 2), 'export': export_dir}
-  with open(os.path.join(workdir, 'demo_summary.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  fs.write_text(fs.join(workdir, 'demo_summary.json'), json.dumps(summary, indent=2))
   _say(f'done in {summary["minutes"]} minutes: {json.dumps(summary)}')
 
 

@@ -10,20 +10,19 @@ named by `data.vocab_file` / `data.spm_model`, so `pipeline("fill-mask", model=D
 from __future__ import annotations
 
 import json
-import os
 
 import ml_collections
 from absl import app, flags
 
 from bert_jax import checkpointing, hf
+from input_pipeline import fs
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = fs.join(workdir, 'config.json')
+  if not fs.exists(path):
     raise FileNotFoundError(f'{path}: missing; pass the training config (--config) instead')
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(fs.read_text(path)))
 
 
 def run_tokenizer(config):
@@ -77,7 +76,7 @@ def main(argv):
     raise app.UsageError('--workdir and --output are required')
   try:
     path = export_workdir(FLAGS.workdir, FLAGS.output, FLAGS.step)
-  except (FileNotFoundError, ValueError) as e:
+  except (OSError, ValueError) as e:  # missing or unreadable paths, bad checkpoints
     raise app.UsageError(str(e)) from None
   print(f'exported {FLAGS.workdir} to {path}')
 

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from bert_jax.model import BertConfig, init_params
+from input_pipeline import fs
 
 Array = np.ndarray
 StateDict = dict[str, Array]
@@ -320,14 +321,13 @@ def _read_torch_bin(file: str) -> StateDict:
 
 
 def load_config(path: str) -> BertConfig:
-  file = os.path.join(path, 'config.json')
-  if not os.path.isdir(path):
-    raise CheckpointError(f'{path}: no such directory')
-  if not os.path.exists(file):
+  file = fs.join(path, 'config.json')
+  if not fs.exists(file):
+    if not fs.isdir(path):
+      raise CheckpointError(f'{path}: no such directory')
     raise CheckpointError(f'{path}: no config.json; an HF model directory needs one')
   try:
-    with open(file) as f:
-      hf = json.load(f)
+    hf = json.loads(fs.read_text(file))
   except (OSError, ValueError) as e:
     raise CheckpointError(f'{file}: unreadable JSON ({e})') from None
   return config_from_hf(hf, source=file)
@@ -342,7 +342,8 @@ def load_pretrained(path: str, *, rng: jax.Array | None = None,
   cfg = load_config(path)
   if config_overrides:
     cfg = cfg.replace(**config_overrides)
-  params = params_from_hf(_read_weights(path), cfg, rng=rng, source=path)
+  with fs.local_dir(path) as local:  # safetensors and torch read local files
+    params = params_from_hf(_read_weights(local), cfg, rng=rng, source=path)
   return cfg, params
 
 
@@ -350,24 +351,28 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
                     overwrite: bool = False) -> str:
   """Write an HF `BertForPreTraining` directory atomically; returns `path`.
 
-  Everything is written into a sibling temporary directory first and renamed into place, so a
-  failure leaves no half-written export. `tokenizer` is anything with `save_pretrained(dir)`.
+  Locally, everything is written into a sibling temporary directory first and renamed into
+  place, so a failure leaves no half-written export. On an object store (gs://), where a
+  directory cannot be renamed, the files are uploaded one by one with `config.json` last: a
+  reader that finds it finds the rest. `tokenizer` is anything with `save_pretrained(dir)`.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  path = os.path.abspath(path)
-  if os.path.exists(path) and not overwrite and os.listdir(path):
+  path = fs.absolute(path)
+  if fs.exists(path) and not overwrite and fs.listdir(path):
     raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
                           'another directory')
   state = params_to_hf(params, cfg)  # converts (and so validates) before anything is written
+  if fs.is_url(path):
+    with tempfile.TemporaryDirectory(prefix='bert_jax_export_') as tmp:
+      _write_export(tmp, cfg, state, tokenizer)
+      for name in sorted(os.listdir(tmp), key=lambda n: n == 'config.json'):
+        with open(os.path.join(tmp, name), 'rb') as f:
+          fs.write_bytes(fs.join(path, name), f.read())
+    return path
   parent = os.path.dirname(path)
-  os.makedirs(parent, exist_ok=True)
+  fs.makedirs(parent)
   tmp = tempfile.mkdtemp(prefix='.export-', dir=parent)
   try:
-    with open(os.path.join(tmp, 'config.json'), 'w') as f:
-      json.dump(config_to_hf(cfg), f, indent=2, sort_keys=True)
-    save_file(state, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
-    if tokenizer is not None:
-      tokenizer.save_pretrained(tmp)
+    _write_export(tmp, cfg, state, tokenizer)
     old = None
     if os.path.exists(path):
       old = tempfile.mkdtemp(prefix='.old-export-', dir=parent)
@@ -379,3 +384,12 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return path
+
+
+def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump(config_to_hf(cfg), f, indent=2, sort_keys=True)
+  save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})
+  if tokenizer is not None:
+    tokenizer.save_pretrained(directory)

@@ -36,7 +36,7 @@ def main(argv):
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   try:
     result = run_mode(FLAGS.config)
-  except (FileNotFoundError, ValueError, train.NonFiniteError) as e:
+  except (OSError, ValueError, train.NonFiniteError) as e:
     # Our own errors say what is wrong and what to do; a traceback adds nothing for users.
     logging.error('%s', e)
     raise SystemExit(f'error: {e}') from None

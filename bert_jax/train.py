@@ -8,10 +8,10 @@ run naming the step, without saving: the last checkpoint stays the last good one
 
 from __future__ import annotations
 
-import json
 import math
-import os
+import shutil
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -19,9 +19,11 @@ import jax
 from absl import logging
 
 from bert_jax import checkpointing, flops, optim, sharding as shd
+from bert_jax.metric_writer import MetricWriter
 from bert_jax import train_step as ts
 from bert_jax.model import BertConfig
 from input_pipeline import dataset as data_lib
+from input_pipeline import fs
 
 
 class NonFiniteError(RuntimeError):
@@ -53,35 +55,6 @@ def per_process_batch(global_batch: int) -> int:
     raise ValueError(f'train.global_batch_size={global_batch} is not divisible by the '
                      f'{jax.process_count()} processes')
   return global_batch // jax.process_count()
-
-
-class MetricWriter:
-  """metrics.jsonl (process 0) + TensorBoard events under workdir/tensorboard."""
-
-  def __init__(self, workdir: str):
-    self.active = jax.process_index() == 0
-    if self.active:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tf = tf
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-
-  def write(self, step: int, metrics: dict[str, float], prefix: str = '') -> None:
-    if not self.active:
-      return
-    record = {'step': step, **{prefix + k: float(v) for k, v in metrics.items()}}
-    self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
-    with self._tb.as_default(step=step):
-      for k, v in record.items():
-        if k != 'step':
-          self._tf.summary.scalar(k, v)
-    self._tb.flush()
-
-  def close(self):
-    if self.active:
-      self._jsonl.close()
-      self._tb.close()
 
 
 class PreemptionFlag:
@@ -127,10 +100,10 @@ def _initial_state(config, model_cfg, tx, mesh, rules):
 
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Run (or resume) training to `train.num_steps`; returns the last train and eval metrics."""
-  os.makedirs(workdir, exist_ok=True)
+  workdir = fs.absolute(workdir)
   if jax.process_index() == 0:  # export and eval read the run's config from here
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json_best_effort(indent=2))
+    fs.check_writable(workdir)  # now, not after the first hours of training
+    fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   model_cfg = model_config(config)
   rules = shd.normalize_rules(config.sharding_rules)
   t = config.train
@@ -182,7 +155,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   try:
     while step < t.num_steps:
       if profile and step == profile[0]:
-        jax.profiler.start_trace(os.path.join(workdir, 'profile'))
+        profile_dir = tempfile.mkdtemp(prefix='bert_jax_profile_')
+        jax.profiler.start_trace(profile_dir)
       batch = next(train_iter)
       window_tokens += int(batch['input_mask'].sum()) * jax.process_count()
       state, metrics = train_step(state, shd.global_batch(batch, mesh))
@@ -190,7 +164,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       step += 1
       window_steps += 1
       if profile and step == profile[1]:
-        jax.profiler.stop_trace()
+        jax.profiler.stop_trace()  # the profiler writes local files only: copy them over
+        fs.upload_dir(profile_dir, fs.join(workdir, 'profile', f'process_{jax.process_index()}'))
+        shutil.rmtree(profile_dir, ignore_errors=True)
       if not (math.isfinite(metrics['loss']) and math.isfinite(metrics['grad_norm'])):
         raise NonFiniteError(
             f'step {step}: loss={metrics["loss"]} grad_norm={metrics["grad_norm"]} is not '

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import glob
 import gzip
 import os
 import re
 import sysconfig
 from collections.abc import Iterable, Iterator
+
+from input_pipeline import fs
 
 Document = list[str]
 
@@ -49,15 +50,17 @@ def expand_patterns(patterns: str | Iterable[str]) -> list[str]:
     patterns = [p for p in patterns.split(',') if p.strip()]
   files = []
   for pattern in patterns:
-    matched = sorted(glob.glob(os.path.expanduser(pattern.strip())))
+    pattern = pattern.strip()
+    matched = fs.glob(pattern if fs.is_url(pattern) else os.path.expanduser(pattern))
     if not matched:
       raise FileNotFoundError(f'input file {pattern!r}: no such file (or the glob matched none)')
-    files.extend(f for f in matched if os.path.isfile(f))
+    files.extend(f for f in matched if not fs.isdir(f))
   return files
 
 
 def _open_binary(path: str):
-  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+  raw = fs.open_read(path, 'rb')
+  return gzip.open(raw, 'rb') if path.endswith('.gz') else raw
 
 
 def read_text_files(patterns: str | Iterable[str], *, skip_bad_lines: bool = False,
@@ -155,6 +158,6 @@ def documents_from_flags(input_file: str | None, tfds_name: str | None, *,
 
 def write_text_file(documents: Iterable[Document], path: str) -> None:
   """Reference format, so any document stream can be fed to either implementation."""
-  with open(path, 'w', encoding='utf-8') as f:
+  with fs.writer(path, 'w') as f:
     for doc in documents:
       f.write('\n'.join(doc) + '\n\n')

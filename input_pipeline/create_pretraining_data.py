@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from collections.abc import Iterator
 from absl import app, flags, logging
 
 from input_pipeline import corpus as corpus_lib
-from input_pipeline import example_codec, masking, packing, tfrecord
+from input_pipeline import example_codec, fs, masking, packing, tfrecord
 from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 
@@ -123,9 +122,10 @@ def _run_worker(job: Job, worker: int) -> dict:
       w.abort()
     raise
   for w in writers.values():
-    w.close()
+    w.close() if rows else w.abort()  # a worker that made nothing publishes no empty shards
   return dict(stats=dataclasses.asdict(stats), corpus=dataclasses.asdict(corpus_stats),
-              rows=rows, padding_tokens=padding_tokens)
+              rows=rows, padding_tokens=padding_tokens,
+              files=[paths[s] for s in mine] if rows else [])
 
 
 def train_tokenizer(job: Job) -> Job:
@@ -163,7 +163,7 @@ def run(job: Job) -> dict:
   if job.num_workers > job.num_shards:
     raise ValueError(f'--num_workers={job.num_workers} exceeds --num_shards={job.num_shards}: '
                      'a worker owns whole shards, so raise --num_shards')
-  os.makedirs(os.path.dirname(os.path.abspath(job.output_file)), exist_ok=True)
+  fs.check_writable(fs.dirname(fs.absolute(job.output_file)))  # before hours of work
   if job.train_tokenizer:
     job = train_tokenizer(job)
   load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
@@ -176,6 +176,10 @@ def run(job: Job) -> dict:
   stats = InstanceStats()
   for r in results:
     stats.merge(InstanceStats(**r['stats']))
+  if not stats.instances:
+    raise ValueError(f'--output_file={job.output_file}: wrote nothing, because '
+                     f'{_what_was_read(results[0]["corpus"], job)} gave no instance; check '
+                     'the input (one sentence per line, blank lines between documents)')
   rows = sum(r['rows'] for r in results)
   padding = sum(r['padding_tokens'] for r in results)
   seq = job.masking.max_seq_length
@@ -193,14 +197,20 @@ def run(job: Job) -> dict:
                             'kept': round(stats.kept_token / masked, 4)},
       'nsp_random_next_fraction': round(stats.random_next / max(stats.instances, 1), 4),
       'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
-      'files': job.shard_paths(), 'packed': job.pack,
+      'files': sorted(f for r in results for f in r['files']), 'packed': job.pack,
       'vocab_file': job.vocab_file, 'spm_model': job.spm_model,
       'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
       'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
   }
-  with open(job.output_file + '.stats.json', 'w') as f:
-    json.dump(summary, f, indent=2)
+  fs.write_text(job.output_file + '.stats.json', json.dumps(summary, indent=2))
   return summary
+
+
+def _what_was_read(corpus: dict, job: Job) -> str:
+  source = job.tfds_name or job.input_file or 'the embedded corpus'
+  return (f'{source} ({corpus["files"]} files, {corpus["empty_files"]} empty, '
+          f'{corpus["lines"]} lines, {corpus["bad_lines"]} skipped lines, '
+          f'{corpus["documents"]} documents)')
 
 
 FLAGS = flags.FLAGS
@@ -267,7 +277,7 @@ def main(argv):
   del argv
   try:
     summary = run(job_from_flags())
-  except (ValueError, FileNotFoundError, KeyError) as e:
+  except (ValueError, OSError, KeyError) as e:  # bad input or paths: one line, no traceback
     raise app.UsageError(str(e)) from None
   logging.info('wrote %d rows (%d instances) to %s', summary['rows'], summary['instances'],
                ', '.join(summary['files']))

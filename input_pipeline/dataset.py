@@ -5,15 +5,16 @@ or gs:// alike: records are read through `tfrecord.records_in_range` (our one fi
 layer), not TensorFlow's file system, whose GCS client reaches only Google's endpoints.
 
 Sharding is by chunk: every file is cut into byte ranges (`read_chunk_bytes`, smaller when the
-data is small, so each process gets several) and process i reads chunks i, i+n, ... of the
-sorted list. Processes get the same number of chunks to within one whatever the file count
-(500 files on 64 hosts oversample nothing), and a process never reads a byte that another does.
+data is small) and a process reads only its chunks, never a byte another process reads; chunk
+counts per process differ by at most one whatever the file count (500 files on 64 hosts
+oversample nothing). Training streams are built so that the global batch is the same for 1, 2,
+4 or 8 processes (`training_records`).
 
-Training: this process's chunks -> seeded shuffle, repeat -> interleave (8 chunks at once) ->
-seeded shuffle buffer -> parse -> optional dynamic masking (RoBERTa-style: fresh masks every
-time a row is read, by the same `masking.mask_block` as data creation, whole words optional) ->
-optional packing on the fly (`packing.pack_block` over windows of records) -> per-process batch
--> prefetch. Eval: chunks in order, no shuffle, no repeat, and the last partial batch padded
+Training: chunks shuffled per epoch by the seed, dealt to record streams (`SLOTS`) -> this
+process's streams, one record from each in turn -> seeded shuffle buffer -> parse -> optional
+dynamic masking (RoBERTa-style: fresh masks every time a row is read, by the same
+`masking.mask_block` as data creation, whole words optional) -> optional packing on the fly
+(`packing.pack_block` over windows of records) -> per-process batch -> prefetch. Eval: chunks in order, no shuffle, no repeat, and the last partial batch padded
 with zero-weight rows so every batch has the jitted shape. Reading, masking and packing run as
 `tf.numpy_function`s declared stateless, so iterator checkpoints still work.
 
@@ -39,6 +40,9 @@ from input_pipeline.instances import MaskingConfig
 INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
 PACKED_FEATURES_S = ('position_ids', 'packed_segment_ids')
 INT_FEATURES_P = ('masked_lm_positions', 'masked_lm_ids')
+# Record streams dealt chunks round-robin: the global order is the same for any process count
+# that divides it (see training_records).
+SLOTS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,14 +212,52 @@ def _pad_to_batch(batch_size: int):
   return pad
 
 
-def chunks(files: list[str], read_chunk_bytes: int, process_count: int) -> list[tuple]:
+def chunks(files: list[str], read_chunk_bytes: int) -> list[tuple]:
   """(file, start, end, file size) byte ranges over all files, in order. The chunk size shrinks
-  for small data so that every process gets at least 8 chunks."""
+  for small data (to 1/256 of it, at least 4 KiB) so that even small data has many chunks; it
+  never depends on the process count, so neither does the data order."""
   sizes = fs.sizes(files)
-  target = math.ceil(sum(sizes) / (8 * process_count)) if sum(sizes) else 1
-  size = max(min(read_chunk_bytes, target), 1024)
+  if not sum(sizes):
+    raise ValueError(f'data files {files[:3]}...: all empty; re-create them with '
+                     'python -m input_pipeline.create_pretraining_data')
+  size = max(min(read_chunk_bytes, math.ceil(sum(sizes) / 256)), 4096)
   return [(f, start, min(start + size, n), n) for f, n in zip(files, sizes)
           for start in range(0, n, size)]
+
+
+def _columns(rows: list[tuple]) -> tuple:
+  """Chunk rows as columns; offsets int64 (files over 2 GiB)."""
+  paths, starts, ends, sizes = zip(*rows)
+  return (tf.constant(paths, tf.string),) + tuple(tf.constant(c, tf.int64)
+                                                  for c in (starts, ends, sizes))
+
+
+def training_records(all_chunks: list[tuple], seed: int, process_index: int,
+                     process_count: int) -> tf.data.Dataset:
+  """This process's share of one global, endless record stream, identical for any process count
+  that divides `SLOTS`.
+
+  Every epoch the chunk list is shuffled by the seed alone (the same on every host) and dealt
+  round-robin to `slots` streams; the global stream takes one record from each slot in turn.
+  Process i owns slots i, i+n, ...: it reads only their chunks, and its records are exactly the
+  global records i, i+n, ..., so a global batch holds the same rows whether 1, 2, 4 or 8
+  processes read it (tested against one process). Slots get equal chunk counts to within one,
+  so no host oversamples files.
+  """
+  slots = process_count * math.ceil(SLOTS / process_count)
+  columns = _columns(all_chunks)
+
+  def epoch_order(epoch):  # stateless: every stream (and host) sees the same permutation
+    seeds = tf.stack([tf.constant(seed, tf.int64), epoch])
+    return tf.random.experimental.stateless_shuffle(tf.range(len(all_chunks)), seed=seeds)
+
+  def read(index):
+    return _chunk_records(*(tf.gather(c, index) for c in columns))
+
+  order = tf.data.Dataset.counter().map(epoch_order).unbatch()
+  streams = tuple(order.shard(slots, s).map(read, tf.data.AUTOTUNE, deterministic=True).unbatch()
+                  for s in range(process_index, slots, process_count))
+  return tf.data.Dataset.zip(streams).map(lambda *records: tf.stack(records)).unbatch()
 
 
 def _read_chunk(path, start, end, file_size):
@@ -234,19 +276,12 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
   if cfg.packed and (cfg.dynamic_masking or cfg.pack):
     raise ValueError('data.dynamic_masking and data.pack need unpacked records (these are '
                      'packed): write them without --pack and let the reader pack')
-  mine = chunks(list_files(cfg.files), cfg.read_chunk_bytes, process_count)
-  mine = mine[process_index::process_count]
-  if not mine:
-    raise ValueError(f'data files {cfg.files!r}: nothing for process {process_index} of '
-                     f'{process_count} (the files are empty); re-create them')
-  ds = tf.data.Dataset.from_tensor_slices(tuple(list(c) for c in zip(*mine)))
-  read = lambda *chunk: tf.data.Dataset.from_tensor_slices(_chunk_records(*chunk))
+  all_chunks = chunks(list_files(cfg.files), cfg.read_chunk_bytes)
   if training:
-    ds = ds.shuffle(len(mine), seed=cfg.seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.interleave(read, cycle_length=min(len(mine), 8), block_length=1,
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  else:
-    ds = ds.flat_map(read)
+    ds = training_records(all_chunks, cfg.seed, process_index, process_count)
+  else:  # in order, no repeat; process i reads chunks i, i+n, ...
+    ds = tf.data.Dataset.from_tensor_slices(_columns(all_chunks[process_index::process_count]))
+    ds = ds.flat_map(lambda *chunk: tf.data.Dataset.from_tensor_slices(_chunk_records(*chunk)))
   if training:
     ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed + 1, reshuffle_each_iteration=True)
   ds = ds.map(_parse(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -25,7 +25,7 @@ from input_pipeline import fs
 _MASK_DELTA = 0xA282EAD8
 _HEADER = 12  # uint64 length + masked crc of it
 _FOOTER = 4  # masked crc of the data
-_READAHEAD = 1 << 16  # bytes read past a chunk's end for its last record
+_READAHEAD = 1 << 14  # bytes read past a chunk's end for its last record (more on demand)
 
 
 def _masked_crc(data: bytes) -> bytes:

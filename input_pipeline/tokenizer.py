@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from input_pipeline import fs
+
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 
 
@@ -74,10 +76,9 @@ class WordPieceTokenizer(Tokenizer):
   def __init__(self, vocab_file: str, do_lower_case: bool = True):
     from tokenizers import Tokenizer as HFTokenizer  # pylint: disable=g-import-not-at-top
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
-    if not os.path.exists(vocab_file):
+    if not fs.exists(vocab_file):
       raise FileNotFoundError(f'vocab file {vocab_file}: no such file')
-    with open(vocab_file, encoding='utf-8') as f:
-      vocab = [line.rstrip('\n') for line in f]
+    vocab = fs.read_text(vocab_file).split('\n')
     while vocab and not vocab[-1]:
       vocab.pop()
     super().__init__(vocab)
@@ -102,9 +103,9 @@ class WordPieceTokenizer(Tokenizer):
     trainer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None)
     trainer.train_from_iterator(sentences, vocab_size=vocab_size, min_frequency=min_frequency,
                                 special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    os.makedirs(output_dir, exist_ok=True)
-    trainer.save_model(output_dir)
-    return cls(os.path.join(output_dir, 'vocab.txt'), do_lower_case)
+    with fs.staged_dir(output_dir) as local:
+      trainer.save_model(local)
+    return cls(fs.join(output_dir, 'vocab.txt'), do_lower_case)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
@@ -114,18 +115,16 @@ class WordPieceTokenizer(Tokenizer):
 
   def save_pretrained(self, path: str) -> None:
     """vocab.txt + tokenizer.json + configs: what `AutoTokenizer.from_pretrained` reads."""
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, 'vocab.txt'), 'w', encoding='utf-8') as f:
-      f.write('\n'.join(self.vocab) + '\n')
-    self._tok.save(os.path.join(path, 'tokenizer.json'))
     specials = dict(pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
                     sep_token='[SEP]', mask_token='[MASK]')
-    with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
-      json.dump(dict(tokenizer_class='BertTokenizer', do_lower_case=self.do_lower_case,
-                     tokenize_chinese_chars=True, strip_accents=None, model_max_length=512,
-                     **specials), f, indent=2)
-    with open(os.path.join(path, 'special_tokens_map.json'), 'w') as f:
-      json.dump(specials, f, indent=2)
+    fs.makedirs(path)
+    fs.write_text(fs.join(path, 'vocab.txt'), '\n'.join(self.vocab) + '\n')
+    fs.write_text(fs.join(path, 'tokenizer.json'), self._tok.to_str())
+    fs.write_text(fs.join(path, 'tokenizer_config.json'), json.dumps(dict(
+        tokenizer_class='BertTokenizer', do_lower_case=self.do_lower_case,
+        tokenize_chinese_chars=True, strip_accents=None, model_max_length=512, **specials),
+        indent=2))
+    fs.write_text(fs.join(path, 'special_tokens_map.json'), json.dumps(specials, indent=2))
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -133,11 +132,12 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_file: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    if not os.path.exists(model_file):
+    if not fs.exists(model_file):
       raise FileNotFoundError(f'SentencePiece model {model_file}: no such file')
-    sp = spm.SentencePieceProcessor(model_file=model_file)
+    self._model_proto = fs.read_bytes(model_file)
+    sp = spm.SentencePieceProcessor(model_proto=self._model_proto)
     self.model_file = model_file
-    self._fast = _spm_to_fast(model_file)
+    self._fast = _spm_to_fast(self._model_proto, model_file)
     super().__init__([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
     if [self._ids[t] for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
       raise ValueError(f'{model_file}: special tokens are not at ids 0-4; train it with '
@@ -149,12 +149,14 @@ class SentencePieceTokenizer(Tokenizer):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     if model_type not in ('unigram', 'bpe'):
       raise ValueError(f'model_type={model_type!r}: expected unigram or bpe')
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_prefix=output_prefix, vocab_size=vocab_size,
-        model_type=model_type, pad_id=0, pad_piece='[PAD]', unk_id=1, unk_piece='[UNK]',
-        bos_id=-1, eos_id=-1, user_defined_symbols=['[CLS]', '[SEP]', '[MASK]'],
-        normalization_rule_name='nmt_nfkc_cf' if lowercase else 'nmt_nfkc',
-        hard_vocab_limit=False, minloglevel=2)
+    with fs.staged_dir(fs.dirname(output_prefix) or '.') as local:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences),
+          model_prefix=os.path.join(local, fs.basename(output_prefix)), vocab_size=vocab_size,
+          model_type=model_type, pad_id=0, pad_piece='[PAD]', unk_id=1, unk_piece='[UNK]',
+          bos_id=-1, eos_id=-1, user_defined_symbols=['[CLS]', '[SEP]', '[MASK]'],
+          normalization_rule_name='nmt_nfkc_cf' if lowercase else 'nmt_nfkc',
+          hard_vocab_limit=False, minloglevel=2)
     return cls(output_prefix + '.model')
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -166,18 +168,18 @@ class SentencePieceTokenizer(Tokenizer):
   def save_pretrained(self, path: str) -> None:
     """The .model plus a `tokenizer.json` that `AutoTokenizer` loads and that tokenizes as
     this model does (same normalizer charsmap, pieces and algorithm; tested on a corpus)."""
-    import shutil  # pylint: disable=g-import-not-at-top
     from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
-    os.makedirs(path, exist_ok=True)
-    shutil.copyfile(self.model_file, os.path.join(path, 'spiece.model'))
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=_spm_to_fast(self.model_file), pad_token='[PAD]', unk_token='[UNK]',
+        tokenizer_object=self._fast, pad_token='[PAD]', unk_token='[UNK]',
         cls_token='[CLS]', sep_token='[SEP]', mask_token='[MASK]',
         model_input_names=['input_ids', 'token_type_ids', 'attention_mask'])
-    fast.save_pretrained(path)
+    with fs.staged_dir(path) as local:
+      with open(os.path.join(local, 'spiece.model'), 'wb') as f:
+        f.write(self._model_proto)
+      fast.save_pretrained(local)
 
 
-def _spm_to_fast(model_file: str):
+def _spm_to_fast(model_proto: bytes, model_file: str):
   """A SentencePiece model as a `tokenizers.Tokenizer`, built the way transformers' generic
   `SpmConverter` builds it (the model's own precompiled normaliser, Metaspace, unigram or BPE
   with merges from the piece ranks), plus BERT's [CLS] A [SEP] B [SEP] template.
@@ -193,8 +195,7 @@ def _spm_to_fast(model_file: str):
   from tokenizers.models import BPE, Unigram  # pylint: disable=g-import-not-at-top
 
   proto = sentencepiece_model_pb2.ModelProto()
-  with open(model_file, 'rb') as f:
-    proto.ParseFromString(f.read())
+  proto.ParseFromString(model_proto)
   pieces = [(p.piece, p.score) for p in proto.pieces]
   if proto.trainer_spec.model_type == 1:
     tok = Tokenizer(Unigram(pieces, unk_id=proto.trainer_spec.unk_id, byte_fallback=False))

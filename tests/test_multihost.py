@@ -10,9 +10,10 @@ from test_train import ROOT, data, logged_losses, main_command, overrides  # noq
 
 
 def test_two_processes_give_the_same_losses_as_one(data, tmp_path):  # noqa: F811
-  # One training file, so processes split it by record (p0: 0, 2, 4...; p1: 1, 3, 5...) and
-  # each global batch holds the same rows as the single process's, permuted. No shuffle and
-  # no dropout, which would draw per row position; the rest must agree to float32 round-off.
+  # The reader deals chunks to 8 record streams whatever the process count; process i reads
+  # global records i, i+2, ... (dataset.training_records), so each global batch holds the same
+  # rows as the single process's, permuted. No shuffle buffer and no dropout, which would draw
+  # per row position; the rest must agree to float32 round-off.
   values = overrides(data, steps=8, **{
       'data.train_files': str(data / 'train-00000-of-00003'), 'data.eval_files': '',
       'data.shuffle_buffer': 1, 'model.hidden_dropout': 0.0, 'model.attention_dropout': 0.0,
