@@ -40,10 +40,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.threads = 0  # tf.data threads per process; 0 = all cores (1 leaves XLA room on CPUs)
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb
+  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)
   c.optimizer.learning_rate = 1e-4
-  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant
+  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant | poly_warmup
   c.optimizer.warmup_steps = 10_000
+  c.optimizer.warmup_proportion = 0.0  # > 0: warmup = this x train.num_steps (NVIDIA's flag)
   c.optimizer.weight_decay = 0.01
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
