@@ -62,7 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.keep_every = 0  # also keep every N-th step forever; 0 = off
   c.train.async_checkpoint = True
-  c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer
+  c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer (by default)
+  c.train.init_opt_state_from = False  # with init_from: also its Adam moments, fresh step count
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 
