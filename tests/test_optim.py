@@ -295,6 +295,39 @@ def test_lamb_gives_biases_and_layer_norm_a_plain_adam_step():
 # ------------------------------------------------------------------ NVIDIA's schedule
 
 
+@pytest.mark.parametrize('phase,steps', [
+    ('lamb_phase1', [0, 1, 1000, 1999, 2000, 2001, 3500, 6500, 7036, 7037]),
+    ('lamb_phase2', [0, 1, 198, 199, 200, 201, 1000, 1561, 1562])])
+def test_lamb_configs_are_nvidias_recipe(phase, steps):
+  """scripts/run_pretraining.sh: global batch 8 GPUs x 8192 / x 4096, lr 6e-3 / 4e-3,
+  --warmup_proportion 0.2843 / 0.128, 7038 / 1563 steps; FusedLAMB's defaults; phase 2 resumes
+  the moments. The schedule: our count c (updates already applied) is NVIDIA's update
+  k = c + 1; bound: float32 arithmetic, relative 1e-6 of each value."""
+  batch, base_lr, warmup, total = {'lamb_phase1': (8 * 8192, 6e-3, 0.2843, 7038),
+                                   'lamb_phase2': (8 * 4096, 4e-3, 0.128, 1563)}[phase]
+  config = bert_large.get_config(phase)
+  o = config.optimizer
+  assert (config.train.num_steps, config.train.global_batch_size) == (total, batch)
+  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (
+      'lamb', 0.9, 0.999, 1e-6, 0.01, 1.0)
+  assert config.train.init_opt_state_from == (phase == 'lamb_phase2')
+  _, schedule = optim.from_config(config.optimizer, config.train.num_steps)
+  ours = [float(schedule(c)) for c in steps]
+  ref = [nvidia_poly_warmup_lr(c + 1, base_lr, warmup, total) for c in steps]
+  np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=0)
+  assert ours[-1] == 0.0  # NVIDIA's last update: progress 1, lr 0
+
+
+def test_poly_warmup_gives_the_quoted_phase1_rates():
+  """Just after warmup 5.08e-3 (not the peak 6e-3), at step 6,500 1.66e-3 (not 0.64e-3):
+  equal to the 3 quoted figures."""
+  config = bert_large.get_config('lamb_phase1')
+  _, schedule = optim.from_config(config.optimizer, config.train.num_steps)
+  assert float(schedule(1999)) < 6e-3  # update 2000 still warms up: 2000 < 0.2843 * 7038
+  assert float(schedule(2000)) == pytest.approx(5.08e-3, abs=0.005e-3)
+  assert float(schedule(6500)) == pytest.approx(1.66e-3, abs=0.005e-3)
+
+
 def test_warmup_proportion_errors_name_the_field():
   config = bert_large.get_config('lamb_phase1')
   config.optimizer.warmup_proportion = 1.5
