@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -111,3 +112,58 @@ def restore_params(workdir: str, step: int | None = None) -> tuple[int, Any]:
         item={'params': params_meta}, restore_args={'params': restore_args},
         partial_restore=True)))
   return step, restored['state']['params']
+
+
+def restore_opt_moments(workdir: str, tx, fresh_opt_state, step: int | None = None) -> Any:
+  """`fresh_opt_state` with its per-parameter leaves (Adam's mu and nu) taken from a workdir's
+  checkpoint, as host numpy; counters (Adam's bias-correction count, the schedule's count) stay
+  fresh. NVIDIA's phase 2 does this: run_pretraining.py loads phase 1's optimizer state and
+  sets every 'step' to 0 before `optimizer.load_state_dict`.
+
+  Raises ValueError when the saved optimizer state has other leaves or shapes than
+  `fresh_opt_state` (another optimizer, model size or `model.scan_layers`)."""
+  directory = checkpoint_dir(workdir)
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'{workdir}: no checkpoints/ directory; is it a training workdir?')
+  with ocp.CheckpointManager(directory, item_handlers={
+      'state': ocp.PyTreeCheckpointHandler(), 'data': DataIteratorHandler()}) as manager:
+    step = max(manager.all_steps(), default=None) if step is None else step
+    if step is None:
+      raise FileNotFoundError(f'{directory}: no complete checkpoint')
+    meta = manager.item_metadata(step)['state'].tree['opt_state']
+    _check_same_leaves(workdir, step, meta, fresh_opt_state)
+    restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    saved = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={'opt_state': meta}, restore_args={'opt_state': restore_args},
+        partial_restore=True)))['state']['opt_state']
+  saved = _leaves_by_name(saved)
+  is_moment = optax.tree_map_params(tx, lambda _: True, fresh_opt_state,
+                                    transform_non_params=lambda _: False)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, fresh, moment: saved[_path_name(path)] if moment else fresh,
+      fresh_opt_state, is_moment)
+
+
+def _path_name(path) -> str:
+  """'1.mu.encoder.layers...': key paths of live optax states (attributes, indices) and of
+  Orbax's saved trees (dicts, lists) spelled alike."""
+  return '.'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k))))
+                  for k in path)
+
+
+def _leaves_by_name(tree) -> dict[str, Any]:
+  return {_path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_same_leaves(workdir: str, step: int, saved_meta, fresh_opt_state) -> None:
+  saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_meta).items()}
+  want = {k: tuple(v.shape) for k, v in _leaves_by_name(fresh_opt_state).items()}
+  if saved == want:
+    return
+  diff = sorted(k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k))
+  shown = ', '.join(f'{k}: saved {saved.get(k)} vs expected {want.get(k)}' for k in diff[:4])
+  raise ValueError(
+      f'train.init_opt_state_from=True: the optimizer state of {workdir} step {step} does not '
+      f'match this run\'s ({len(diff)} leaves differ, e.g. {shown}). Phase 1 must use the same '
+      'optimizer.name, optimizer.weight_decay/clip_norm, model.size and model.scan_layers; '
+      'otherwise set train.init_opt_state_from=False to start with fresh moments.')

@@ -90,11 +90,23 @@ def evaluate(eval_step, params, config, batch_size: int, mesh) -> dict[str, floa
 
 
 def _initial_state(config, model_cfg, tx, mesh, rules):
+  """Fresh, or from `train.init_from`'s params, optionally with its optimizer moments and fresh
+  step counts (`train.init_opt_state_from`: NVIDIA's LAMB phase 2)."""
+  with_moments = config.train.get('init_opt_state_from', False)
+  if with_moments and not config.train.init_from:
+    raise ValueError('train.init_opt_state_from=True needs train.init_from=<phase-1 workdir>; '
+                     'set it, or set train.init_opt_state_from=False')
   if config.train.init_from:
     step, params = checkpointing.restore_params(config.train.init_from)
-    logging.info('initialising params from %s step %d (fresh optimizer and schedule)',
-                 config.train.init_from, step)
-    return ts.state_from_params(params, model_cfg, tx, config.seed, mesh, rules)
+    logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
+                 ' and optimizer moments' if with_moments else '', config.train.init_from, step)
+    state = ts.state_from_params(params, model_cfg, tx, config.seed, mesh, rules)
+    if with_moments:
+      opt_state = checkpointing.restore_opt_moments(config.train.init_from, tx, state.opt_state,
+                                                    step)
+      state = state.replace(opt_state=jax.device_put(
+          opt_state, ts.state_shardings(model_cfg, tx, mesh, rules).opt_state))
+    return state
   return ts.create_train_state(model_cfg, tx, config.seed, mesh, rules)
 
 

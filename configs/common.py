@@ -40,10 +40,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.threads = 0  # tf.data threads per process; 0 = all cores (1 leaves XLA room on CPUs)
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb
+  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)
   c.optimizer.learning_rate = 1e-4
-  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant
+  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant | poly_warmup
   c.optimizer.warmup_steps = 10_000
+  c.optimizer.warmup_proportion = 0.0  # > 0: warmup = this x train.num_steps (NVIDIA's flag)
   c.optimizer.weight_decay = 0.01
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
@@ -61,7 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.keep_every = 0  # also keep every N-th step forever; 0 = off
   c.train.async_checkpoint = True
-  c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer
+  c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer (by default)
+  c.train.init_opt_state_from = False  # with init_from: also its Adam moments, fresh step count
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 

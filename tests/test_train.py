@@ -223,6 +223,54 @@ def test_phase2_init_from_takes_params_only(data, tmp_path):
   assert all((x == 0).all() for x in jax.tree_util.tree_leaves(mu))
 
 
+LAMB = {'optimizer.name': 'lamb', 'optimizer.schedule': 'poly_warmup',
+        'optimizer.warmup_proportion': 0.3}
+
+
+def _state_of(config, workdir=None):
+  """The run's initial state (`_initial_state`), or a workdir's latest saved one."""
+  from bert_jax import optim, sharding as shd, train_step as ts
+  model_cfg = train.model_config(config)
+  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
+  mesh, rules = shd.make_mesh(tuple(config.mesh)), shd.normalize_rules(config.sharding_rules)
+  if workdir is None:
+    return train._initial_state(config, model_cfg, tx, mesh, rules)
+  abstract = checkpointing.abstract_like(ts.state_shardings(model_cfg, tx, mesh, rules),
+                                         ts.abstract_train_state(model_cfg, tx))
+  with checkpointing.make_manager(workdir) as manager:
+    return checkpointing.restore(manager, manager.latest_step(), abstract)
+
+
+def test_lamb_phase2_carries_phase1_moments_with_a_fresh_step_count(data, tmp_path):
+  phase1, phase2 = str(tmp_path / 'p1'), str(tmp_path / 'p2')
+  train.train_and_evaluate(config_with(overrides(data, steps=4, **LAMB)), phase1)
+  config = config_with(overrides(data, steps=2, **LAMB, **{
+      'train.init_from': phase1, 'train.init_opt_state_from': True}))
+  state, saved = jax.device_get(_state_of(config)), jax.device_get(_state_of(config, phase1))
+  adam, saved_adam = state.opt_state[1], saved.opt_state[1]
+  assert (int(state.step), int(adam.count), int(state.opt_state[-1].count)) == (0, 0, 0)
+  assert int(saved_adam.count) == 4 and int(saved.opt_state[-1].count) == 4
+  pairs = ((adam.mu, saved_adam.mu), (adam.nu, saved_adam.nu), (state.params, saved.params))
+  for ours, theirs in pairs:
+    jax.tree_util.tree_map(np.testing.assert_array_equal, ours, theirs)
+  assert any((x != 0).any() for x in jax.tree_util.tree_leaves(adam.nu))
+  result = train.train_and_evaluate(config, phase2)  # and it trains from there
+  assert result['step'] == 2 and math.isfinite(result['train']['loss'])
+
+
+def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, tmp_path):
+  phase1 = str(tmp_path / 'p1')
+  train.train_and_evaluate(config_with(overrides(data, steps=2)), phase1)  # adamw_bert
+  config = config_with(overrides(data, steps=2, **LAMB, **{
+      'train.init_from': phase1, 'train.init_opt_state_from': True}))
+  with pytest.raises(ValueError, match=r'train.init_opt_state_from=True: the optimizer state of '
+                                       r'.* does not match .*optimizer.name'):
+    _state_of(config)
+  config.train.init_from = ''
+  with pytest.raises(ValueError, match=r'init_opt_state_from=True needs train.init_from'):
+    _state_of(config)
+
+
 @pytest.mark.parametrize('name,phases', [('bert_tiny', ['phase1', 'phase2']),
                                          ('bert_mini', ['phase1', 'phase2']),
                                          ('bert_base', ['phase1', 'phase2']),
