@@ -116,8 +116,12 @@ def glue_split(task: GlueTask, split: str) -> str:
 
 
 def glue_file(task: GlueTask, data_dir: str, split: str) -> str:
+  """The split's file in the task's directory, or in `<data_dir>/<task>` when `data_dir` is
+  the GLUE download's root (AX: `diagnostic/`)."""
   split = glue_split(task, split)
-  candidates = [os.path.join(data_dir, f) for f in task.files[split]]
+  subdir = 'diagnostic' if task.name == 'AX' else task.name
+  candidates = [os.path.join(d, f) for d in (data_dir, os.path.join(data_dir, subdir))
+                for f in task.files[split]]
   for path in candidates:
     if os.path.isfile(path):
       return path
@@ -127,7 +131,8 @@ def glue_file(task: GlueTask, data_dir: str, split: str) -> str:
 
 def read_glue(task: str | GlueTask, data_dir: str, split: str, *,
               skip_bad_lines: bool = False) -> list[Example]:
-  """Examples of one split of one GLUE task from its directory (e.g. `glue_data/MRPC`).
+  """Examples of one split of one GLUE task from its directory (`glue_data/MRPC`) or the
+  download's root (`glue_data`).
 
   Splits: train, dev, test (MNLI: train, dev_matched, dev_mismatched, test_matched,
   test_mismatched, with dev/test meaning matched; AX: test). Test examples have label None.

@@ -79,7 +79,7 @@ def _labels(examples: Sequence[Example], labels: Sequence[str] | None
             ) -> tuple[np.ndarray, np.ndarray]:
   weights = np.array([e.label is not None for e in examples], np.float32)
   if not labels:
-    return np.array([np.nan if e.label is None else float(e.label) for e in examples],
+    return np.array([np.nan if e.label is None else _target(e) for e in examples],
                     np.float32), weights
   index = {label: i for i, label in enumerate(labels)}
   ids = np.full(len(examples), -1, np.int32)
@@ -90,6 +90,14 @@ def _labels(examples: Sequence[Example], labels: Sequence[str] | None
                          f'{list(labels)}')
       ids[i] = index[e.label]
   return ids, weights
+
+
+def _target(e: Example) -> float:
+  try:
+    return float(e.label)
+  except ValueError:
+    raise ValueError(f'example {e.guid}: label {e.label!r} is not a number; pass the task\'s '
+                     'label list for classification (labels=None means regression)') from None
 
 
 def tagging_features(sentences: Sequence[TaggedSentence], tokenizer: Tokenizer,

@@ -240,6 +240,7 @@ def test_every_glue_split_of_every_task_reads(glue_dir):
   for task in glue.GLUE_TASKS.values():
     for split in task.splits:
       examples = glue.read_glue(task, _task_dir(glue_dir, task.name), split)
+      assert glue.read_glue(task.name.lower(), glue_dir, split) == examples  # from the root
       labelled = not split.startswith('test')
       assert all((e.label is not None) == labelled for e in examples)
       assert all(isinstance(e.label, float) for e in examples if labelled and
@@ -603,6 +604,9 @@ def test_pair_truncation_trims_the_longer_side_first(tokenizer):
   with pytest.raises(ValueError, match=r"example x: label 'maybe' is not in the label list"):
     task_features.classification_features([Example('x', 'a', None, 'maybe', 0)], tokenizer, 8,
                                           ('0', '1'))
+  with pytest.raises(ValueError, match=r"example y: label 'pos' is not a number; pass the"):
+    task_features.classification_features([Example('y', 'a', None, 'pos', 0)], tokenizer, 8,
+                                          None)
 
 
 # ----------------------------------------------------------------------------- SQuAD
