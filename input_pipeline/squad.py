@@ -1,0 +1,458 @@
+"""SQuAD 1.1/2.0: reading, sliding-window features and n-best answer extraction.
+
+This is google-research/bert `run_squad.py` on our tokenizer interface: contexts split on
+whitespace, each word tokenized on its own; windows of `max_seq_length` tokens
+`[CLS] question [SEP] context-window [SEP]` every `doc_stride` context tokens; the answer span
+narrowed to the tokenized answer (`_improve_answer_span`); each token scored only in the window
+where it has the most context (`_check_is_max_context`); a window that does not contain the
+answer, and an unanswerable question, point at [CLS] (position 0). Predictions take the
+`n_best_size` best starts and ends of every window, keep valid spans up to
+`max_answer_length` tokens, map the best back to the original text (`get_final_text`), and
+for SQuAD 2.0 answer "" when the best null score beats the best span by more than
+`null_score_diff_threshold`.
+
+Positions are computed for every answerable example from its first answer (dev files list
+several; the reference trains on files with one); `is_training=True` additionally drops the
+examples whose answer cannot be found in the whitespace-split context, as the reference does.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from input_pipeline.tasks import data_error, require_examples
+from input_pipeline.tokenizer import Tokenizer, WordPieceTokenizer
+
+UNIQUE_ID_START = 1_000_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+  text: str
+  start: int  # character offset in the context
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExample:
+  """One question. `start_position`/`end_position` are word indices of the first answer
+  (-1 when there is none); `recoverable` says the answer text is found in those words."""
+  qas_id: str
+  question_text: str
+  context_text: str
+  doc_tokens: tuple[str, ...]
+  answers: tuple[Answer, ...]
+  is_impossible: bool
+  start_position: int = -1
+  end_position: int = -1
+  recoverable: bool = False
+
+
+@dataclasses.dataclass
+class SquadFeature:
+  """One window of one example, padded to max_seq_length."""
+  unique_id: int
+  example_index: int
+  doc_span_index: int
+  input_ids: np.ndarray
+  input_mask: np.ndarray
+  segment_ids: np.ndarray
+  token_to_orig_map: dict[int, int]  # window position -> word index in the context
+  token_is_max_context: dict[int, bool]
+  start_position: int
+  end_position: int
+  is_impossible: bool
+  num_tokens: int  # before padding
+
+
+def _is_whitespace(c: str) -> bool:
+  return c in ' \t\r\n' or ord(c) == 0x202F
+
+
+def split_context(context: str) -> tuple[list[str], list[int]]:
+  """Whitespace words, and the word index of every character (the reference's split)."""
+  words, char_to_word = [], []
+  prev_is_whitespace = True
+  for c in context:
+    if _is_whitespace(c):
+      prev_is_whitespace = True
+    else:
+      if prev_is_whitespace:
+        words.append(c)
+      else:
+        words[-1] += c
+      prev_is_whitespace = False
+    char_to_word.append(len(words) - 1)
+  return words, char_to_word
+
+
+def make_example(qas_id: str, question: str, context: str, answers: Sequence[Answer],
+                 is_impossible: bool, where: str) -> SquadExample:
+  """A SquadExample with the first answer located in the words; `where` names it in errors."""
+  words, char_to_word = split_context(context)
+  for k, a in enumerate(answers):
+    if not a.text or not 0 <= a.start <= len(context) - len(a.text):
+      raise data_error(where, None, f'answers[{k}]', f'answer {a.text!r} at character '
+                       f'{a.start} does not lie in the {len(context)}-character context')
+  start = end = -1
+  recoverable = False
+  if answers and not is_impossible:
+    first = answers[0]
+    start = char_to_word[first.start]
+    end = char_to_word[first.start + len(first.text) - 1]
+    actual = ' '.join(words[start:end + 1])
+    recoverable = actual.find(' '.join(first.text.split())) != -1
+  return SquadExample(qas_id, question, context, tuple(words), tuple(answers), is_impossible,
+                      start, end, recoverable)
+
+
+def read_squad(path: str) -> list[SquadExample]:
+  """Every question of a SQuAD 1.1 or 2.0 JSON file (`is_impossible` absent means False)."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      data = json.load(f)
+  except FileNotFoundError:
+    raise FileNotFoundError(f'{path}: no such file') from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise data_error(path, getattr(e, 'lineno', None), None, f'not a SQuAD JSON file ({e})'
+                     ) from None
+  if not isinstance(data, dict) or not isinstance(data.get('data'), list):
+    raise data_error(path, None, 'data', 'expected {"data": [articles]} (SQuAD JSON)')
+  out = []
+  for i, article in enumerate(data['data']):
+    for j, paragraph in enumerate(_field(article, 'paragraphs', list, f'{path}: data[{i}]')):
+      where = f'{path}: data[{i}].paragraphs[{j}]'
+      context = _field(paragraph, 'context', str, where)
+      for k, qa in enumerate(_field(paragraph, 'qas', list, where)):
+        out.append(_qa_example(qa, context, f'{where}.qas[{k}]'))
+  return require_examples(out, path)
+
+
+def _qa_example(qa, context: str, where: str) -> SquadExample:
+  answers = []
+  for n, a in enumerate(_field(qa, 'answers', list, where)):
+    text = _field(a, 'text', str, f'{where}.answers[{n}]')
+    start = _field(a, 'answer_start', int, f'{where}.answers[{n}]')
+    answers.append(Answer(text, start))
+  impossible = qa.get('is_impossible', False)
+  if not isinstance(impossible, bool):
+    raise data_error(where, None, 'is_impossible', f'expected true/false, got {impossible!r}')
+  return make_example(str(_field(qa, 'id', (str, int), where)),
+                      _field(qa, 'question', str, where), context, answers, impossible, where)
+
+
+def _field(obj, name: str, kind, where: str):
+  if not isinstance(obj, dict) or name not in obj:
+    raise data_error(where, None, name, 'missing (not SQuAD JSON?)')
+  value = obj[name]
+  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    raise data_error(where, None, name, f'expected {getattr(kind, "__name__", kind)}, '
+                     f'got {value!r}')
+  return value
+
+
+def read_tfds_squad(split: str, *, name: str = 'squad/v1.1', data_dir: str | None = None
+                    ) -> list[SquadExample]:
+  """The same examples from TFDS `squad/v1.1` or `squad/v2.0` (splits train, validation)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  ds = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
+  out = []
+  for n, ex in enumerate(tfds.as_numpy(ds)):
+    answers = [Answer(t.decode('utf-8'), int(s))
+               for t, s in zip(ex['answers']['text'], ex['answers']['answer_start'])]
+    out.append(make_example(ex['id'].decode('utf-8'), ex['question'].decode('utf-8'),
+                            ex['context'].decode('utf-8'), answers,
+                            bool(ex.get('is_impossible', False)),
+                            f'TFDS {name} {split} example {n}'))
+  return require_examples(out, f'TFDS {name} split {split}')
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@dataclasses.dataclass
+class _Doc:
+  """A context tokenized word by word."""
+  ids: list[int]  # all sub-tokens
+  tok_to_orig: list[int]
+  orig_to_tok: list[int]
+
+
+def _tokenize_doc(words: Sequence[str], tokenizer: Tokenizer) -> _Doc:
+  doc = _Doc([], [], [])
+  for i, pieces in enumerate(tokenizer.encode_batch(list(words))):
+    doc.orig_to_tok.append(len(doc.ids))
+    doc.ids.extend(pieces)
+    doc.tok_to_orig.extend([i] * len(pieces))
+  return doc
+
+
+def _improve_answer_span(doc_ids: list[int], start: int, end: int, answer_ids: list[int]
+                         ) -> tuple[int, int]:
+  """The sub-span of [start, end] whose tokens are exactly the answer's tokens, if any:
+  word "(1895-1943)." holds answer "1895" as the tokens "( 1895 - 1943 ) .".
+  """
+  for new_start in range(start, end + 1):
+    for new_end in range(end, new_start - 1, -1):
+      if doc_ids[new_start:new_end + 1] == answer_ids:
+        return new_start, new_end
+  return start, end
+
+
+def _doc_spans(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
+  """(start, length) windows over the context tokens, as the reference slides them."""
+  spans, start = [], 0
+  while start < num_tokens:
+    length = min(num_tokens - start, max_tokens)
+    spans.append((start, length))
+    if start + length == num_tokens:
+      break
+    start += min(length, doc_stride)
+  return spans
+
+
+def _check_is_max_context(spans: list[tuple[int, int]], index: int, position: int) -> bool:
+  """Is window `index` the one where token `position` has the most context on its shorter
+  side (ties to the longer window, then the earlier)?"""
+  best_score, best_index = None, None
+  for i, (start, length) in enumerate(spans):
+    end = start + length - 1
+    if start <= position <= end:
+      score = min(position - start, end - position) + 0.01 * length
+      if best_score is None or score > best_score:
+        best_score, best_index = score, i
+  return index == best_index
+
+
+def squad_features(examples: Sequence[SquadExample], tokenizer: Tokenizer, *,
+                   max_seq_length: int = 384, doc_stride: int = 128,
+                   max_query_length: int = 64, is_training: bool = False
+                   ) -> list[SquadFeature]:
+  """Windows of every example (`example_index` indexes `examples`), unique ids from 1e9."""
+  if max_seq_length <= max_query_length + 3:
+    raise ValueError(f'max_seq_length={max_seq_length} must exceed max_query_length + 3 '
+                     f'= {max_query_length + 3}')
+  features, docs, dropped = [], {}, []
+  for example_index, example in enumerate(examples):
+    if is_training and not example.is_impossible and not example.recoverable:
+      dropped.append(example.qas_id)
+      continue
+    if example.context_text not in docs:  # questions share paragraphs: tokenize each once
+      docs[example.context_text] = _tokenize_doc(example.doc_tokens, tokenizer)
+    doc = docs[example.context_text]
+    query = tokenizer.encode(example.question_text)[:max_query_length]
+    answer = _token_answer(example, doc, tokenizer)
+    spans = _doc_spans(len(doc.ids), max_seq_length - len(query) - 3, doc_stride)
+    for span_index in range(len(spans)):
+      features.append(_window(example, example_index, doc, query, spans, span_index, answer,
+                              tokenizer, max_seq_length, UNIQUE_ID_START + len(features)))
+  if dropped:
+    logging.warning('SQuAD: dropped %d training examples whose answer is not in the '
+                    'whitespace-split context (as run_squad.py does), e.g. %s', len(dropped),
+                    dropped[:5])
+  return features
+
+
+def _token_answer(example: SquadExample, doc: _Doc, tokenizer: Tokenizer
+                  ) -> tuple[int, int] | None:
+  """The first answer's token span in the whole context, or None."""
+  if example.is_impossible or example.start_position < 0:
+    return None
+  start = doc.orig_to_tok[example.start_position]
+  if example.end_position < len(example.doc_tokens) - 1:
+    end = doc.orig_to_tok[example.end_position + 1] - 1
+  else:
+    end = len(doc.ids) - 1
+  return _improve_answer_span(doc.ids, start, end, tokenizer.encode(example.answers[0].text))
+
+
+def _window(example, example_index, doc, query, spans, span_index, answer, tokenizer,
+            max_seq_length, unique_id) -> SquadFeature:
+  span_start, span_length = spans[span_index]
+  ids = [tokenizer.cls_id] + query + [tokenizer.sep_id]
+  offset = len(ids)
+  ids += doc.ids[span_start:span_start + span_length] + [tokenizer.sep_id]
+  segment = [0] * offset + [1] * (span_length + 1)
+  to_orig = {offset + i: doc.tok_to_orig[span_start + i] for i in range(span_length)}
+  max_context = {offset + i: _check_is_max_context(spans, span_index, span_start + i)
+                 for i in range(span_length)}
+  start = end = 0
+  if answer is not None and span_start <= answer[0] and answer[1] < span_start + span_length:
+    start, end = answer[0] - span_start + offset, answer[1] - span_start + offset
+  n = len(ids)
+  pad = max_seq_length - n
+  return SquadFeature(
+      unique_id=unique_id, example_index=example_index, doc_span_index=span_index,
+      input_ids=np.array(ids + [tokenizer.pad_id] * pad, np.int32),
+      input_mask=np.array([1] * n + [0] * pad, np.int32),
+      segment_ids=np.array(segment + [0] * pad, np.int32),
+      token_to_orig_map=to_orig, token_is_max_context=max_context, start_position=start,
+      end_position=end, is_impossible=example.is_impossible, num_tokens=n)
+
+
+def feature_arrays(features: Sequence[SquadFeature]) -> dict[str, np.ndarray]:
+  """The model's batchable arrays, named as the reference's TFRecords name them."""
+  return {
+      'unique_ids': np.array([f.unique_id for f in features], np.int64),
+      'input_ids': np.stack([f.input_ids for f in features]),
+      'input_mask': np.stack([f.input_mask for f in features]),
+      'segment_ids': np.stack([f.segment_ids for f in features]),
+      'start_positions': np.array([f.start_position for f in features], np.int32),
+      'end_positions': np.array([f.end_position for f in features], np.int32),
+      'is_impossible': np.array([f.is_impossible for f in features], np.int32),
+  }
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+@dataclasses.dataclass
+class SquadPredictions:
+  predictions: dict[str, str]  # qid -> answer text ("" = no answer, SQuAD 2.0)
+  nbest: dict[str, list[dict]]  # qid -> [{text, probability, start_logit, end_logit}]
+  null_odds: dict[str, float]  # qid -> null score - best span score (SQuAD 2.0 only)
+
+
+def squad_predictions(examples: Sequence[SquadExample], features: Sequence[SquadFeature],
+                      start_logits: np.ndarray, end_logits: np.ndarray, tokenizer: Tokenizer,
+                      *, n_best_size: int = 20, max_answer_length: int = 30,
+                      do_lower_case: bool = True, version_2_with_negative: bool = False,
+                      null_score_diff_threshold: float = 0.0) -> SquadPredictions:
+  """Answer texts from per-window logits ([num_features, max_seq_length], row i belongs to
+  `features[i]`), as run_squad.py `write_predictions` chooses them."""
+  start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
+  if len(start_logits) != len(features) or len(end_logits) != len(features):
+    raise ValueError(f'{len(features)} features but {len(start_logits)} start and '
+                     f'{len(end_logits)} end logit rows: pass one row per feature, in order')
+  by_example = collections.defaultdict(list)
+  for i, f in enumerate(features):
+    by_example[f.example_index].append(i)
+  out = SquadPredictions({}, {}, {})
+  for example_index, rows in by_example.items():
+    example = examples[example_index]
+    nbest, null = _nbest(example, [features[i] for i in rows], start_logits[rows],
+                         end_logits[rows], tokenizer, n_best_size, max_answer_length,
+                         do_lower_case, version_2_with_negative)
+    out.nbest[example.qas_id] = nbest
+    best = next((e for e in nbest if e['text']), None)
+    if not version_2_with_negative:
+      out.predictions[example.qas_id] = nbest[0]['text']
+      continue
+    diff = null - (best['start_logit'] + best['end_logit']) if best else math.inf
+    out.null_odds[example.qas_id] = diff
+    out.predictions[example.qas_id] = '' if diff > null_score_diff_threshold else best['text']
+  return out
+
+
+def _best_indexes(logits: np.ndarray, n: int) -> list[int]:
+  return np.argsort(-logits, kind='stable')[:n].tolist()
+
+
+def _nbest(example, features, start_logits, end_logits, tokenizer, n_best_size,
+           max_answer_length, do_lower_case, with_null):
+  """The n-best answers of one example over all its windows, and its minimum null score."""
+  prelim, null = [], None
+  for k, f in enumerate(features):
+    s, e = start_logits[k], end_logits[k]
+    if with_null and (null is None or s[0] + e[0] < null[0]):
+      null = (float(s[0] + e[0]), k, float(s[0]), float(e[0]))
+    for i in _best_indexes(s, n_best_size):
+      for j in _best_indexes(e, n_best_size):
+        if (i in f.token_to_orig_map and j in f.token_to_orig_map and i <= j
+            and f.token_is_max_context.get(i, False) and j - i + 1 <= max_answer_length):
+          prelim.append((float(s[i] + e[j]), k, i, j, float(s[i]), float(e[j])))
+  if with_null:
+    prelim.append((null[2] + null[3], null[1], 0, 0, null[2], null[3]))
+  prelim.sort(key=lambda p: p[0], reverse=True)
+  nbest, seen = [], set()
+  for _, k, i, j, s, e in prelim:
+    if len(nbest) >= n_best_size:
+      break
+    text = ''  # the null answer (position 0) is never deduplicated, as in the reference
+    if i > 0:
+      text = _span_text(example, features[k], i, j, tokenizer, do_lower_case)
+      if text in seen:
+        continue
+    seen.add(text)
+    nbest.append((text, s, e))
+  if with_null and '' not in seen:
+    nbest.append(('', null[2], null[3]))
+  if not nbest:  # the reference's nonce answer when no span is valid
+    nbest.append(('empty', 0.0, 0.0))
+  probs = _softmax([s + e for _, s, e in nbest])
+  return ([{'text': t, 'probability': p, 'start_logit': s, 'end_logit': e}
+           for (t, s, e), p in zip(nbest, probs)], null[0] if with_null else None)
+
+
+def _softmax(scores: list[float]) -> list[float]:
+  x = np.exp(np.array(scores) - max(scores))
+  return (x / x.sum()).tolist()
+
+
+def _span_text(example, feature, i, j, tokenizer, do_lower_case) -> str:
+  pieces = [tokenizer.id_to_token(int(t)) for t in feature.input_ids[i:j + 1]]
+  orig = ' '.join(example.doc_tokens[feature.token_to_orig_map[i]:
+                                     feature.token_to_orig_map[j] + 1])
+  return get_final_text(detokenize(pieces, tokenizer), orig, do_lower_case)
+
+
+def detokenize(pieces: Sequence[str], tokenizer: Tokenizer) -> str:
+  """Sub-word pieces back to words: WordPiece drops `##` joins, SentencePiece turns its `▁`
+  into spaces; whitespace is then normalised."""
+  if isinstance(tokenizer, WordPieceTokenizer):
+    text = ' '.join(pieces).replace(' ##', '').replace('##', '')
+  else:
+    text = ''.join(pieces).replace('\u2581', ' ')
+  return ' '.join(text.split())
+
+
+def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
+  """BERT's BasicTokenizer (clean, CJK split, lower case and strip accents, split on
+  punctuation), through the `tokenizers` library's BERT normaliser and pre-tokenizer."""
+  from tokenizers import normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                    strip_accents=None, lowercase=do_lower_case)
+  return [w for w, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(
+      norm.normalize_str(text))]
+
+
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+  """The part of `orig_text` (the original words the span covers) that `pred_text` (the
+  normalised tokens) is: "steve smith" in "Steve Smith's" is "Steve Smith". Falls back to
+  `orig_text` when the characters cannot be aligned, as the reference does."""
+  tok_text = ' '.join(basic_tokenize(orig_text, do_lower_case))
+  start = tok_text.find(pred_text)
+  if start == -1:
+    return orig_text
+  end = start + len(pred_text) - 1
+  orig_ns, orig_map = _strip_spaces(orig_text)
+  tok_ns, tok_map = _strip_spaces(tok_text)
+  if len(orig_ns) != len(tok_ns):
+    return orig_text
+  tok_s_to_ns = {s: ns for ns, s in tok_map.items()}
+  orig_start = orig_map.get(tok_s_to_ns.get(start, -1))
+  orig_end = orig_map.get(tok_s_to_ns.get(end, -1))
+  if orig_start is None or orig_end is None:
+    return orig_text
+  return orig_text[orig_start:orig_end + 1]
+
+
+def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
+  """`text` without spaces, and each remaining character's index in `text`."""
+  chars, ns_to_s = [], {}
+  for i, c in enumerate(text):
+    if c != ' ':
+      ns_to_s[len(chars)] = i
+      chars.append(c)
+  return ''.join(chars), ns_to_s
+
+
+def gold_answers(examples: Sequence[SquadExample]) -> dict[str, list[str]]:
+  """qid -> gold answer texts, what `bert_jax.metrics.squad_evaluate` scores against."""
+  return {e.qas_id: [a.text for a in e.answers] for e in examples}
