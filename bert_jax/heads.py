@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -55,6 +54,8 @@ class Head:
   classifier_dropout: float | None = None
 
   def __post_init__(self):
+    if self.labels is not None:  # a list from JSON would make the (static) head unhashable
+      object.__setattr__(self, 'labels', tuple(self.labels))
     if self.task not in TASKS:
       raise ValueError(f'Head.task={self.task!r}: expected one of {TASKS}')
     if self.task == SPAN and self.num_labels != 2:

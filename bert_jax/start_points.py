@@ -139,11 +139,11 @@ def _resolve_casing(found: bool | None, evidence: str, given: bool | None, path:
                       'do_lower_case=%s is ignored', path, given)
     return None
   if given is not None and given != found:
-    have, want = ('uncased', 'cased') if found else ('cased', 'uncased')
+    have, want = ('uncased', 'a cased') if found else ('cased', 'an uncased')
     raise ValueError(
         f'{path}: the start point is {have} (do_lower_case={found}, from {evidence}) but '
         f'do_lower_case={given} was given. Drop do_lower_case to use the start point\'s '
-        f'casing, or start from a {want} model: the other casing maps words to ids the '
+        f'casing, or start from {want} model: the other casing maps words to ids the '
         'model never saw in pre-training and silently costs accuracy.')
   return found
 
