@@ -1,0 +1,264 @@
+"""Fine-tuning heads on the pre-trained encoder: sequence classification (and regression),
+token classification and span extraction, numerically HuggingFace's `BertForSequenceClassification`,
+`BertForTokenClassification` and `BertForQuestionAnswering` on the same weights.
+
+The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same parameter
+names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
+head model's tree minus the head: `with_encoder` moves one into the other. Everything else
+follows model.py too: scanned or unrolled layers, packed rows, bfloat16 compute with float32
+logits, and logical axis names on every parameter for `bert_jax.sharding`.
+
+Like HF, the token and span models have no pooler (HF builds them with
+`add_pooling_layer=False`), so an exported directory loads with no unexpected keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from bert_jax.model import (BertConfig, Embeddings, Encoder, _dense, attention_mask,
+                            gather_positions)
+
+SEQUENCE = 'sequence_classification'
+TOKEN = 'token_classification'
+SPAN = 'question_answering'
+TASKS = (SEQUENCE, TOKEN, SPAN)
+# HF problem types of BertForSequenceClassification; its loss is chosen by this field.
+PROBLEM_TYPES = ('regression', 'single_label_classification', 'multi_label_classification')
+# Parameter group of each task's head (also its name in HF's state dict).
+HEAD_PARAM = {SEQUENCE: 'classifier', TOKEN: 'classifier', SPAN: 'qa_outputs'}
+# Logical axis of each head's input: the pooler's output (`mlp`, like the NSP head) or tokens.
+HEAD_IN_AXIS = {SEQUENCE: 'mlp', TOKEN: 'embed', SPAN: 'embed'}
+ENCODER_GROUPS = ('embeddings', 'encoder', 'pooler')
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  """What sits on the encoder: the task, its labels and HF's `problem_type`.
+
+  `num_labels=1` on a sequence task is regression (HF's rule). Span extraction always has two
+  outputs (start, end). `classifier_dropout=None` means the encoder's hidden dropout, as HF.
+  """
+
+  task: str
+  num_labels: int = 2
+  labels: tuple[str, ...] | None = None
+  problem_type: str | None = None
+  classifier_dropout: float | None = None
+
+  def __post_init__(self):
+    if self.labels is not None:  # a list from JSON would make the (static) head unhashable
+      object.__setattr__(self, 'labels', tuple(self.labels))
+    if self.task not in TASKS:
+      raise ValueError(f'Head.task={self.task!r}: expected one of {TASKS}')
+    if self.task == SPAN and self.num_labels != 2:
+      raise ValueError(f'Head(task={SPAN!r}) has num_labels=2 (start, end), got '
+                       f'{self.num_labels}; leave num_labels unset')
+    if self.num_labels < 1:
+      raise ValueError(f'Head.num_labels={self.num_labels}: needs at least 1')
+    if self.labels is not None and len(self.labels) != self.num_labels:
+      raise ValueError(f'Head.labels has {len(self.labels)} names for num_labels='
+                       f'{self.num_labels}; give one name per label')
+    if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+      raise ValueError(f'Head.problem_type={self.problem_type!r}: expected one of '
+                       f'{PROBLEM_TYPES} or None')
+    if self.problem_type is not None and self.task != SEQUENCE:
+      raise ValueError(f'Head.problem_type is for {SEQUENCE!r} only, not {self.task!r}')
+
+  @property
+  def resolved_problem_type(self) -> str | None:
+    """HF's choice when unset: regression for one label, else single-label classification."""
+    if self.task != SEQUENCE:
+      return None
+    if self.problem_type:
+      return self.problem_type
+    return 'regression' if self.num_labels == 1 else 'single_label_classification'
+
+  @property
+  def label_names(self) -> tuple[str, ...]:
+    """id -> name; HF's `LABEL_i` when none were given."""
+    return self.labels or tuple(f'LABEL_{i}' for i in range(self.num_labels))
+
+  @property
+  def has_pooler(self) -> bool:
+    return self.task == SEQUENCE
+
+
+@struct.dataclass
+class SpanLogits:
+  start_logits: jax.Array  # [B, S] float32
+  end_logits: jax.Array  # [B, S] float32
+
+
+def _head_dense(cfg: BertConfig, features: int, in_axis: str, name: str) -> nn.Dense:
+  """HF initialises task heads with N(0, initializer_range) (not truncated) and zero bias."""
+  return nn.Dense(
+      features, dtype=cfg.compute_dtype, name=name,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.initializer_range), (in_axis, None)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
+
+
+def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+           packed_segment_ids=None, next_sentence_positions=None, add_pooler: bool = True,
+           deterministic: bool = True):
+  """(sequence_output [B, S, H], pooled [B, H] / [B, K, H] or None): `BertForPreTraining`'s
+  encoder and pooler, as submodules of the calling module.
+
+  Called inside a compact `__call__`, so the parameters land at the caller's top level under
+  model.py's names (`embeddings`, `encoder`, `pooler`): pre-trained trees apply unchanged.
+  """
+  batch, length = input_ids.shape
+  if segment_ids is None:
+    segment_ids = jnp.zeros_like(input_ids)
+  if position_ids is None:
+    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  x = Embeddings(cfg, deterministic, name='embeddings')(input_ids, segment_ids, position_ids)
+  mask = attention_mask(input_mask, packed_segment_ids, batch, length)
+  sequence_output = Encoder(cfg, deterministic, name='encoder')(x, mask)
+  if not add_pooler:
+    return sequence_output, None
+  if next_sentence_positions is None:
+    cls_tokens = sequence_output[:, 0]
+  else:
+    cls_tokens = gather_positions(sequence_output, next_sentence_positions)
+  pooled = jnp.tanh(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
+  return sequence_output, pooled
+
+
+class BertEncoder(nn.Module):
+  """`BertForPreTraining` without its MLM and NSP heads (HF's `BertModel`): features for
+  any other use, from the same params."""
+
+  cfg: BertConfig
+  add_pooler: bool = True
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, deterministic=True,
+               **packed):
+    return encode(self.cfg, input_ids, input_mask, segment_ids, add_pooler=self.add_pooler,
+                  deterministic=deterministic, **packed)
+
+
+class BertForSequenceClassification(nn.Module):
+  """Dropout + dense on the pooled [CLS]: logits [B, num_labels] float32 ([B, 1] regression).
+
+  Packed rows (`next_sentence_positions` [B, K]) give [B, K, num_labels], one per instance.
+  """
+
+  cfg: BertConfig
+  head: Head
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+               packed_segment_ids=None, next_sentence_positions=None,
+               deterministic: bool = True) -> jax.Array:
+    cfg = self.cfg
+    _, pooled = encode(
+        cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
+        packed_segment_ids=packed_segment_ids, next_sentence_positions=next_sentence_positions,
+        deterministic=deterministic)
+    pooled = nn.Dropout(_dropout(cfg, self.head))(pooled, deterministic=deterministic)
+    logits = _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[SEQUENCE], 'classifier')(pooled)
+    return logits.astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+  """Dropout + dense on every token: logits [B, S, num_labels] float32."""
+
+  cfg: BertConfig
+  head: Head
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+               packed_segment_ids=None, deterministic: bool = True) -> jax.Array:
+    cfg = self.cfg
+    sequence_output, _ = encode(
+        cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
+        packed_segment_ids=packed_segment_ids, add_pooler=False, deterministic=deterministic)
+    x = nn.Dropout(_dropout(cfg, self.head))(sequence_output, deterministic=deterministic)
+    logits = _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[TOKEN], 'classifier')(x)
+    return logits.astype(jnp.float32)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """A dense to 2 on every token, split into start and end logits [B, S] (no dropout, as HF)."""
+
+  cfg: BertConfig
+  head: Head = Head(SPAN)
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+               packed_segment_ids=None, deterministic: bool = True) -> SpanLogits:
+    cfg = self.cfg
+    sequence_output, _ = encode(
+        cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
+        packed_segment_ids=packed_segment_ids, add_pooler=False, deterministic=deterministic)
+    dense = _head_dense(cfg, 2, HEAD_IN_AXIS[SPAN], 'qa_outputs')
+    logits = dense(sequence_output).astype(jnp.float32)
+    return SpanLogits(start_logits=logits[..., 0], end_logits=logits[..., 1])
+
+
+MODELS = {SEQUENCE: BertForSequenceClassification, TOKEN: BertForTokenClassification,
+          SPAN: BertForQuestionAnswering}
+
+
+def _dropout(cfg: BertConfig, head: Head) -> float:
+  return cfg.hidden_dropout if head.classifier_dropout is None else head.classifier_dropout
+
+
+def build_model(cfg: BertConfig, head: Head) -> nn.Module:
+  """The Flax module for `head.task`; call `.apply({'params': p}, input_ids, ...)`."""
+  return MODELS[head.task](cfg, head)
+
+
+def _dummy_init(cfg: BertConfig, head: Head, rng: jax.Array, seq_len: int):
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  return build_model(cfg, head).init(rng, ids)
+
+
+def init_params(cfg: BertConfig, head: Head, rng: jax.Array, seq_len: int = 8) -> dict:
+  """Unboxed float32 parameters of the whole head model (encoder random too)."""
+  return nn.unbox(_dummy_init(cfg, head, rng, seq_len)['params'])
+
+
+def logical_param_specs(cfg: BertConfig, head: Head, seq_len: int = 8):
+  """Logical PartitionSpec of every parameter (for `sharding.logical_to_sharding`)."""
+  abstract = jax.eval_shape(lambda: _dummy_init(cfg, head, jax.random.key(0), seq_len))
+  return nn.get_partition_spec(abstract['params'])
+
+
+def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
+  """Fresh parameters of the head alone ({'classifier': ...} or {'qa_outputs': ...})."""
+  name = HEAD_PARAM[head.task]
+  dense = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
+  variables = dense.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
+  return {name: jax.tree_util.tree_map(np.asarray, nn.unbox(variables['params']))}
+
+
+def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | None = None,
+                 head_params: dict | None = None, source: str = 'the start point') -> dict:
+  """A head model's params: the encoder (and pooler if the task has one) from a pre-trained
+  tree (`BertForPreTraining` layout, extra groups ignored) plus `head_params` or, when none,
+  a freshly initialised head with a warning saying so."""
+  groups = ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
+  missing = [g for g in groups if g not in encoder_params]
+  if missing:
+    raise ValueError(f'{source}: parameters lack {missing}; expected a BertForPreTraining '
+                     'tree (embeddings, encoder, pooler)')
+  params = {g: encoder_params[g] for g in groups}
+  if head_params is None:
+    name = HEAD_PARAM[head.task]
+    logging.warning('%s has no %s head for %s with %d labels: initialised fresh '
+                    '(N(0, %g), zero bias); fine-tune before predicting.', source, name,
+                    head.task, head.num_labels, cfg.initializer_range)
+    head_params = init_head(cfg, head, rng if rng is not None else jax.random.key(0))
+  params.update(head_params)
+  return params

@@ -1,0 +1,187 @@
+"""Fine-tuned head models <-> HuggingFace `BertForSequenceClassification`,
+`BertForTokenClassification` and `BertForQuestionAnswering` directories.
+
+`save_finetuned` writes what `AutoModelFor{SequenceClassification,TokenClassification,
+QuestionAnswering}.from_pretrained` loads with no missing or unexpected key: the encoder under
+`bert.` (the pooler only for sequence tasks, as HF builds the others without one), the head as
+`classifier.*` or `qa_outputs.*`, and a config.json with the architecture, `id2label` /
+`label2id` and `problem_type`. The encoder tensors come from `hf.params_to_hf`, so they are
+converted exactly as a pre-training export is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax import heads, hf, model
+from bert_jax.heads import HEAD_PARAM, SEQUENCE, SPAN, TOKEN, Head
+from bert_jax.model import BertConfig
+
+ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
+                 SPAN: 'BertForQuestionAnswering'}
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
+  """HF config.json of a fine-tuned model: the encoder's fields plus the head's."""
+  out = hf.config_to_hf(cfg)
+  names = head.label_names
+  out.update(architectures=[ARCHITECTURES[head.task]],
+             id2label={str(i): name for i, name in enumerate(names)},
+             label2id={name: i for i, name in enumerate(names)})
+  if head.resolved_problem_type:
+    out['problem_type'] = head.resolved_problem_type
+  if head.classifier_dropout is not None:
+    out['classifier_dropout'] = head.classifier_dropout
+  return out
+
+
+def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json') -> Head | None:
+  """The Head an HF config.json describes, or None for a model without a task head."""
+  archs = hf_config.get('architectures') or []
+  task = next((t for t, arch in ARCHITECTURES.items() if arch in archs), None)
+  if task is None:
+    return None
+  id2label = hf_config.get('id2label') or {}
+  num_labels = len(id2label) or int(hf_config.get('num_labels', 2))
+  try:
+    labels = tuple(id2label[str(i)] for i in range(num_labels)) if id2label else None
+  except KeyError as e:
+    raise hf.CheckpointError(f'{source}: id2label lacks id {e.args[0]}; ids must be '
+                             f'0..{num_labels - 1}') from None
+  if labels == tuple(f'LABEL_{i}' for i in range(num_labels)):
+    labels = None  # HF's default names: nothing the user chose
+  head = Head(task, num_labels=num_labels, labels=None if task == SPAN else labels,
+              classifier_dropout=hf_config.get('classifier_dropout'))
+  problem_type = hf_config.get('problem_type') if task == SEQUENCE else None
+  if problem_type and problem_type != head.resolved_problem_type:  # else HF's default anyway
+    head = dataclasses.replace(head, problem_type=problem_type)
+  return head
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def head_to_hf(params, head: Head) -> hf.StateDict:
+  """Our head group -> HF `classifier.*` / `qa_outputs.*` (Linear weights are [out, in])."""
+  name = HEAD_PARAM[head.task]
+  group = params[name]
+  return {f'{name}.weight': np.ascontiguousarray(np.asarray(group['kernel'], np.float32).T),
+          f'{name}.bias': np.asarray(group['bias'], np.float32)}
+
+
+def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
+                 source: str = 'checkpoint') -> dict | None:
+  """HF head tensors -> our head group, or None when the state has none for this head.
+
+  Tensors of another size than `head` (config.json's id2label says 3 labels, the classifier
+  has 5) mean an inconsistent directory: an error, not a silently fresh head.
+  """
+  name = HEAD_PARAM[head.task]
+  weight, bias = state.get(f'{name}.weight'), state.get(f'{name}.bias')
+  if weight is None or bias is None:
+    return None
+  want = (head.num_labels, hidden_size)
+  if tuple(weight.shape) != want or tuple(bias.shape) != want[:1]:
+    raise hf.CheckpointError(
+        f'{source}: {name}.weight has shape {tuple(weight.shape)} and {name}.bias '
+        f'{tuple(bias.shape)}, but {head.task} with {head.num_labels} labels needs {want}; '
+        'make config.json id2label (num_labels) match the tensors')
+  return {name: {'kernel': np.asarray(weight, np.float32).T.copy(),
+                 'bias': np.asarray(bias, np.float32)}}
+
+
+def finetuned_from_hf(state: Mapping[str, np.ndarray], cfg: BertConfig, head: Head,
+                      source: str = 'checkpoint') -> dict:
+  """HF `BertFor<Task>` state dict -> params of `heads.build_model(cfg, head)`."""
+  state = dict(state)
+  head_state = {k: state.pop(k) for k in list(state)
+                if k.startswith(('classifier.', 'qa_outputs.'))}
+  own = head_from_hf(head_state, head, cfg.hidden_size, source)
+  if own is None:
+    raise hf.CheckpointError(f'{source}: no {HEAD_PARAM[head.task]}.weight/.bias; not a '
+                             f'{ARCHITECTURES[head.task]} state dict')
+  # Pre-training heads (and the pooler of token/span models) are absent: params_from_hf
+  # fills them fresh with a warning, with_encoder then keeps only what the head model has.
+  pre = hf.params_from_hf(state, cfg, source=source)
+  return heads.with_encoder(pre, cfg, head, head_params=own, source=source)
+
+
+def _complete_tree(params, cfg: BertConfig) -> dict:
+  """`params` plus zero-filled pre-training groups it lacks, so `hf.params_to_hf` (which
+  converts the whole BertForPreTraining tree) runs; the filler tensors are dropped after."""
+  abstract = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  return {k: params[k] if k in params else
+          jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.float32), abstract[k])
+          for k in abstract}
+
+
+def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
+  """A head model's params -> the HF state dict of its `BertFor<Task>` (float32 numpy)."""
+  state = hf.params_to_hf(_complete_tree(params, cfg), cfg)
+  keep = {k: v for k, v in state.items() if k.startswith('bert.')
+          and (head.has_pooler or not k.startswith('bert.pooler.'))}
+  keep.update(head_to_hf(params, head))
+  return keep
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _write_atomically(path: str, overwrite: bool, write: Callable[[str], None]) -> str:
+  """Run `write(tmp_dir)` and rename the result into `path`, as `hf.save_pretrained` does:
+  a failure leaves no half-written directory and an existing export intact."""
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not overwrite and os.listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
+                          'another directory')
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix='.export-', dir=parent)
+  try:
+    write(tmp)
+    old = None
+    if os.path.exists(path):
+      old = tempfile.mkdtemp(prefix='.old-export-', dir=parent)
+      os.rename(path, os.path.join(old, 'x'))
+    os.rename(tmp, path)
+    if old:
+      shutil.rmtree(old, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return path
+
+
+def save_finetuned(path: str, cfg: BertConfig, head: Head, params, tokenizer=None,
+                   overwrite: bool = False) -> str:
+  """Write an HF `BertFor<Task>` directory (config.json, model.safetensors, tokenizer files)
+  atomically; returns `path`.
+
+  Not `hf.save_pretrained`: that writes BertForPreTraining's config and `cls.*` tensors,
+  which `AutoModelFor<Task>` would report as unexpected keys. The tokenizer writes its own
+  files (`tokenizer.save_pretrained(dir)`), exactly as in a pre-training export.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  state = finetuned_to_hf(params, cfg, head)  # converts (and so validates) before writing
+  hf_config = config_to_hf(cfg, head)
+
+  def write(tmp: str) -> None:
+    with open(os.path.join(tmp, 'config.json'), 'w') as f:
+      json.dump(hf_config, f, indent=2, sort_keys=True)
+    save_file(state, os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
+    if tokenizer is not None:
+      tokenizer.save_pretrained(tmp)
+
+  return _write_atomically(path, overwrite, write)

@@ -1,0 +1,299 @@
+"""Fine-tuning heads: parity with transformers' PyTorch BertFor<Task> on the same random
+weights, packed rows, bf16, sharding, and the HF export round trip for all three heads.
+
+Parity bound: max|ours - HF| <= 1e-5 * max(1, max|HF|). Both sides run float32, but XLA's and
+PyTorch's CPU kernels sum in different orders (and differ between CPU kinds), so the outputs
+agree to float32 round-off of the activations, whose scale is ~1 after every LayerNorm, not
+bit for bit; the bound is that round-off, floored at the activations' scale.
+"""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf_reference
+from bert_jax import heads, hf, hf_heads, sharding as shd, start_points
+from bert_jax.model import BertConfig
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
+CONFIGS = {
+    'tiny': BertConfig.from_preset('tiny'),
+    'base_width_2_layers': BertConfig.from_preset('base', num_layers=2),
+}
+HEADS = {
+    'classification': heads.Head(heads.SEQUENCE, 3, labels=('neg', 'neu', 'pos')),
+    'regression': heads.Head(heads.SEQUENCE, 1),
+    'token': heads.Head(heads.TOKEN, 5, labels=('O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC')),
+    'span': heads.Head(heads.SPAN),
+}
+HF_CLASSES = {heads.SEQUENCE: transformers.BertForSequenceClassification,
+              heads.TOKEN: transformers.BertForTokenClassification,
+              heads.SPAN: transformers.BertForQuestionAnswering}
+AUTO_CLASSES = {heads.SEQUENCE: transformers.AutoModelForSequenceClassification,
+                heads.TOKEN: transformers.AutoModelForTokenClassification,
+                heads.SPAN: transformers.AutoModelForQuestionAnswering}
+
+
+def parity_bound(reference: np.ndarray) -> float:
+  return 1e-5 * max(1.0, float(np.max(np.abs(reference))))
+
+
+def torch_head_model(cfg, head, seed=0):
+  """HF BertFor<Task> in eval mode, every weight random (LayerNorms and biases included)."""
+  torch.manual_seed(seed)
+  hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_heads.config_to_hf(cfg, head).items()
+                                      if k not in ('architectures', 'model_type')})
+  model = HF_CLASSES[head.task](hf_cfg).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if 'LayerNorm.weight' in name:
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      else:
+        p.copy_(0.05 * torch.randn_like(p))
+  return model
+
+
+def torch_logits(model, batch):
+  with torch.no_grad():
+    out = model(input_ids=torch.from_numpy(batch['input_ids']).long(),
+                attention_mask=torch.from_numpy(batch['input_mask']).long(),
+                token_type_ids=torch.from_numpy(batch['segment_ids']).long())
+  if isinstance(model, transformers.BertForQuestionAnswering):
+    return {'start_logits': out.start_logits.numpy(), 'end_logits': out.end_logits.numpy()}
+  return {'logits': out.logits.numpy()}
+
+
+def our_logits(cfg, head, params, batch, **extra):
+  fn = jax.jit(lambda p, b: heads.build_model(cfg, head).apply(
+      {'params': p}, b['input_ids'], b['input_mask'], b['segment_ids'], **extra))
+  out = fn(params, {k: batch[k] for k in ('input_ids', 'input_mask', 'segment_ids')})
+  if isinstance(out, heads.SpanLogits):
+    return {'start_logits': np.asarray(out.start_logits), 'end_logits': np.asarray(out.end_logits)}
+  return {'logits': np.asarray(out)}
+
+
+def check_parity(ours, theirs, label):
+  for key, ref in theirs.items():
+    assert ours[key].shape == ref.shape, (key, ours[key].shape, ref.shape)
+    assert ours[key].dtype == np.float32
+    diff = float(np.max(np.abs(ours[key] - ref)))
+    print(f'{label} {key}: max|diff|={diff:.3g} max|ref|={np.max(np.abs(ref)):.3g}')
+    assert diff <= parity_bound(ref), (label, key, diff)
+
+
+@pytest.mark.parametrize('size', list(CONFIGS))
+@pytest.mark.parametrize('name', list(HEADS))
+def test_head_logits_match_hf_pytorch(size, name):
+  cfg, head = CONFIGS[size], HEADS[name]
+  model = torch_head_model(cfg, head)
+  params = hf_heads.finetuned_from_hf(hf_reference.state_dict(model), cfg, head)
+  batch = hf_reference.random_batch(cfg)
+  check_parity(our_logits(cfg, head, params, batch), torch_logits(model, batch), f'{size} {name}')
+
+
+@pytest.mark.parametrize('name', ['classification', 'token'])
+def test_unrolled_layers_match_scanned(name):
+  cfg, head = CONFIGS['tiny'], HEADS[name]
+  model = torch_head_model(cfg, head, seed=1)
+  state = hf_reference.state_dict(model)
+  batch = hf_reference.random_batch(cfg)
+  scanned = our_logits(cfg, head, hf_heads.finetuned_from_hf(state, cfg, head), batch)
+  flat_cfg = cfg.replace(scan_layers=False)
+  flat = our_logits(flat_cfg, head, hf_heads.finetuned_from_hf(state, flat_cfg, head), batch)
+  check_parity(flat, scanned, 'unrolled vs scanned')
+
+
+def test_params_have_hf_layout_init_and_no_pooler_where_hf_has_none():
+  cfg = CONFIGS['tiny']
+  kernels = []
+  for name, head in HEADS.items():
+    params = heads.init_params(cfg, head, jax.random.key(0))
+    groups = {'embeddings', 'encoder', heads.HEAD_PARAM[head.task]}
+    assert set(params) == groups | ({'pooler'} if head.has_pooler else set()), name
+    kernel = params[heads.HEAD_PARAM[head.task]]['kernel']
+    assert kernel.shape == (cfg.hidden_size, head.num_labels)
+    np.testing.assert_array_equal(params[heads.HEAD_PARAM[head.task]]['bias'], 0)
+    kernels.append(np.ravel(kernel))
+  # HF's N(0, 0.02), not the encoder's truncated normal (std 0.0176, nothing beyond 0.04).
+  kernels = np.concatenate(kernels)
+  assert 0.0185 < np.std(kernels) < 0.0215 and np.max(np.abs(kernels)) > 0.045
+  torch_model = torch_head_model(cfg, HEADS['token'])
+  n_hf = sum(p.numel() for p in torch_model.parameters())
+  n_ours = sum(x.size for x in jax.tree_util.tree_leaves(
+      heads.init_params(cfg, HEADS['token'], jax.random.key(0))))
+  assert n_ours == n_hf
+
+
+def test_fresh_head_on_a_pretrained_encoder_warns_and_keeps_the_encoder(caplog):
+  cfg = CONFIGS['tiny']
+  pre = hf.params_from_hf(hf_reference.state_dict(hf_reference.torch_model(cfg)), cfg)
+  params = heads.with_encoder(pre, cfg, HEADS['classification'], jax.random.key(5))
+  assert 'initialised fresh' in caplog.text and 'classifier' in caplog.text
+  for group in ('embeddings', 'encoder', 'pooler'):
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params[group], pre[group])
+  assert params['classifier']['kernel'].shape == (cfg.hidden_size, 3)
+  token = heads.with_encoder(pre, cfg, HEADS['token'], jax.random.key(5))
+  assert 'pooler' not in token
+
+
+def test_packed_rows_give_each_instance_its_solo_logits():
+  cfg = CONFIGS['tiny']
+  rng = np.random.default_rng(0)
+  lens, length = (10, 7, 6), 32
+  solos = [rng.integers(5, cfg.vocab_size, n).astype(np.int32) for n in lens]
+  ids, seg, pos, packed = (np.zeros((1, length), np.int32) for _ in range(4))
+  starts = np.cumsum((0,) + lens[:-1])
+  for k, (s, n, start) in enumerate(zip(solos, lens, starts)):
+    ids[0, start:start + n], pos[0, start:start + n] = s, np.arange(n)
+    seg[0, start + n // 2:start + n] = 1
+    packed[0, start:start + n] = k + 1
+  for name in ('classification', 'token', 'span'):
+    head = HEADS[name]
+    params = heads.init_params(cfg, head, jax.random.key(1))
+    model = heads.build_model(cfg, head)
+    extra = {'next_sentence_positions': starts[None]} if head.task == heads.SEQUENCE else {}
+    out = model.apply({'params': params}, ids, None, seg, position_ids=pos,
+                      packed_segment_ids=packed, **extra)
+    for k, (s, n, start) in enumerate(zip(solos, lens, starts)):
+      solo_seg = np.zeros((1, n), np.int32)
+      solo_seg[0, n // 2:] = 1
+      alone = model.apply({'params': params}, s[None], np.ones((1, n), np.int32), solo_seg)
+      if head.task == heads.SEQUENCE:
+        np.testing.assert_allclose(out[0, k], alone[0], atol=1e-5)
+      elif head.task == heads.TOKEN:
+        np.testing.assert_allclose(out[0, start:start + n], alone[0], atol=1e-5)
+      else:
+        np.testing.assert_allclose(out.start_logits[0, start:start + n], alone.start_logits[0],
+                                   atol=1e-5)
+        np.testing.assert_allclose(out.end_logits[0, start:start + n], alone.end_logits[0],
+                                   atol=1e-5)
+
+
+def test_bfloat16_compute_gives_float32_logits_near_float32():
+  cfg = CONFIGS['tiny']
+  batch = hf_reference.random_batch(cfg)
+  for name in ('classification', 'token', 'span'):
+    head = HEADS[name]
+    params = heads.init_params(cfg, head, jax.random.key(2))
+    full = our_logits(cfg, head, params, batch)
+    half = our_logits(cfg.replace(dtype='bfloat16'), head, params, batch)
+    for key in full:
+      assert half[key].dtype == np.float32
+      diff = np.max(np.abs(half[key] - full[key]))
+      assert 0 < diff < 0.05 * max(1.0, np.max(np.abs(full[key]))), (name, key, diff)
+
+
+def test_dropout_applies_only_in_training():
+  cfg = CONFIGS['tiny']
+  head = HEADS['classification']
+  params = heads.init_params(cfg, head, jax.random.key(3))
+  batch = hf_reference.random_batch(cfg)
+  model = heads.build_model(cfg, head)
+  args = (batch['input_ids'], batch['input_mask'], batch['segment_ids'])
+  eval_a = model.apply({'params': params}, *args)
+  eval_b = model.apply({'params': params}, *args)
+  train = model.apply({'params': params}, *args, deterministic=False,
+                      rngs={'dropout': jax.random.key(0)})
+  np.testing.assert_array_equal(eval_a, eval_b)
+  assert np.max(np.abs(train - eval_a)) > 1e-3
+
+
+def test_heads_shard_over_a_data_fsdp_tensor_mesh():
+  cfg = CONFIGS['tiny']
+  mesh = shd.make_mesh((2, 2, 2))
+  rules = shd.DEFAULT_RULES
+  batch = hf_reference.random_batch(cfg, batch=4)
+  for name in ('classification', 'token', 'span'):
+    head = HEADS[name]
+    params = heads.init_params(cfg, head, jax.random.key(4))
+    specs = heads.logical_param_specs(cfg, head)
+    shardings = shd.logical_to_sharding(specs, mesh, rules, params)
+    sharded = jax.device_put(params, shardings)
+    emb = sharded['embeddings']['word_embeddings']['embedding']
+    assert emb.sharding.spec == jax.sharding.PartitionSpec('tensor', 'fsdp')
+    model = heads.build_model(cfg, head)
+    fn = jax.jit(lambda p, ids, m, s: model.apply({'params': p}, ids, m, s),
+                 in_shardings=(shardings,) + (shd.batch_sharding(mesh),) * 3)
+    with shd.activate(mesh, rules):
+      out = fn(sharded, batch['input_ids'], batch['input_mask'], batch['segment_ids'])
+    ref = model.apply({'params': params}, batch['input_ids'], batch['input_mask'],
+                      batch['segment_ids'])
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), out, ref)
+
+
+@pytest.mark.parametrize('name', list(HEADS))
+def test_export_loads_in_auto_model_with_labels_and_same_logits(tmp_path, name):
+  cfg, head = CONFIGS['tiny'], HEADS[name]
+  params = heads.init_params(cfg, head, jax.random.key(6))
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(0)  # non-trivial LayerNorms and biases: no mis-map can hide
+  params = jax.tree_util.tree_unflatten(
+      treedef, [np.asarray(x) + 0.05 * rng.standard_normal(x.shape).astype(np.float32)
+                for x in leaves])
+  tok = WordPieceTokenizer(VOCAB, do_lower_case=True)
+  path = hf_heads.save_finetuned(str(tmp_path / name), cfg, head, params, tokenizer=tok)
+
+  model, info = AUTO_CLASSES[head.task].from_pretrained(path, output_loading_info=True)
+  assert isinstance(model, HF_CLASSES[head.task])
+  for kind in ('missing_keys', 'unexpected_keys', 'mismatched_keys', 'error_msgs'):
+    assert not info[kind], (kind, info)
+  model.eval()
+  assert model.config.id2label == dict(enumerate(head.label_names))
+  assert model.config.label2id == {n: i for i, n in enumerate(head.label_names)}
+  if name == 'regression':
+    assert model.config.problem_type == 'regression' and model.config.num_labels == 1
+  batch = hf_reference.random_batch(cfg)
+  ours, theirs = our_logits(cfg, head, params, batch), torch_logits(model, batch)
+  for key in theirs:
+    assert np.max(np.abs(ours[key] - theirs[key])) <= 1e-4, key
+
+  hf_tok = transformers.AutoTokenizer.from_pretrained(path)
+  text = 'Fine-tuning heads on BERT, exported.'
+  assert hf_tok(text, add_special_tokens=False)['input_ids'] == tok.encode(text)
+
+  start = start_points.load_start_point(path)
+  assert start.head == head
+  again_head, again = start_points.init_head_params(start)
+  assert again_head == head
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+
+def test_export_refuses_to_overwrite_and_keeps_the_old_one(tmp_path):
+  cfg, head = CONFIGS['tiny'], HEADS['token']
+  params = heads.init_params(cfg, head, jax.random.key(7))
+  path = hf_heads.save_finetuned(str(tmp_path / 'out'), cfg, head, params)
+  with pytest.raises(FileExistsError, match='overwrite=True'):
+    hf_heads.save_finetuned(path, cfg, head, params)
+
+  class BrokenTokenizer:
+    def save_pretrained(self, path):
+      raise OSError('disk full')
+
+  with pytest.raises(OSError, match='disk full'):
+    hf_heads.save_finetuned(path, cfg, head, params, tokenizer=BrokenTokenizer(), overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == ['out']
+  state = hf._read_weights(path)  # pylint: disable=protected-access
+  again = hf_heads.finetuned_from_hf(state, cfg, head)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+
+def test_head_validation_errors_say_what_to_fix():
+  with pytest.raises(ValueError, match='expected one of'):
+    heads.Head('ner')
+  with pytest.raises(ValueError, match='num_labels=2'):
+    heads.Head(heads.SPAN, num_labels=3)
+  with pytest.raises(ValueError, match='one name per label'):
+    heads.Head(heads.SEQUENCE, 3, labels=('a', 'b'))
+  with pytest.raises(ValueError, match='problem_type'):
+    heads.Head(heads.TOKEN, 3, problem_type='regression')
+  cfg, head = CONFIGS['tiny'], HEADS['classification']
+  state = hf_heads.finetuned_to_hf(heads.init_params(cfg, head, jax.random.key(0)), cfg, head)
+  with pytest.raises(hf.CheckpointError, match=r'classifier.weight has shape \(3, 128\).*id2label'):
+    hf_heads.finetuned_from_hf(state, cfg, heads.Head(heads.SEQUENCE, 4))
+  with pytest.raises(hf.CheckpointError, match='no qa_outputs.weight'):
+    hf_heads.finetuned_from_hf(state, cfg, HEADS['span'])

