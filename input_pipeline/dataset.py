@@ -10,6 +10,9 @@ shuffle, no repeat, and the last partial batch padded with zero-weight rows so e
 the jitted shape. Masking and packing run as `tf.numpy_function` on whole batches, declared
 stateless, so iterator checkpoints still work.
 
+Records written for another sentence objective than `sentence_objective` (nsp, sop, none; a
+marker in each record, input_pipeline/objectives.py) are refused with a ValueError up front.
+
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
 with `tf.train.Checkpoint`, so a restarted run gets exactly the batches it would have got.
 """
@@ -23,8 +26,9 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message
 
-from input_pipeline import masking, packing
+from input_pipeline import masking, objectives, packing
 from input_pipeline.instances import MaskingConfig
 
 INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
@@ -61,6 +65,8 @@ class ReaderConfig:
   # tf.data threads (0 = TF's default, all cores). On a small CPU machine the input pipeline
   # otherwise competes with XLA for the cores that run the train step.
   threads: int = 0
+  # What the records must hold: nsp | sop | none (create_pretraining_data --next_sentence).
+  sentence_objective: str = 'nsp'
 
 
 def list_files(patterns: str) -> list[str]:
@@ -72,6 +78,40 @@ def list_files(patterns: str) -> list[str]:
                               'python -m input_pipeline.create_pretraining_data')
     files.extend(matched)
   return files
+
+
+def record_objective(record: bytes) -> str:
+  """The sentence objective a record was written for (input_pipeline/objectives.py): its
+  marker; else sop for google-research/albert's records (they alone carry `token_boundary`;
+  ALBERT's default is SOP), else nsp (google-research/bert's records and ours)."""
+  feature = tf.train.Example.FromString(record).features.feature
+  if objectives.MARKER in feature:
+    return objectives.name_of_code(feature[objectives.MARKER].int64_list.value[0])
+  return 'sop' if 'token_boundary' in feature else 'nsp'
+
+
+def check_sentence_objective(files: list[str], cfg: ReaderConfig) -> None:
+  """Refuse records written for another sentence objective than the config's, before training
+  on wrong labels (or on none's absent ones). A file comes from one data-creation run, so its
+  first record speaks for it: one small read per file. Unreadable files are left to the
+  reader, whose error names them as corrupt."""
+  want = objectives.check_name(cfg.sentence_objective, 'data.sentence_objective')
+  found: dict[str, list[str]] = {}
+  for path in files:
+    try:
+      first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+      got = record_objective(bytes(first.numpy())) if first is not None else None
+    except (tf.errors.OpError, message.DecodeError):
+      got = None
+    if got:
+      found.setdefault(got, []).append(path)
+  for got, paths in found.items():
+    if got != want:
+      raise ValueError(
+          f'data files {cfg.files!r}: {len(paths)} of {len(files)} files hold {got} records '
+          f'({objectives.DESCRIPTIONS[got]}), e.g. {paths[0]}, but data.sentence_objective='
+          f'{want!r}; set --config.data.sentence_objective={got}, or re-create the files with '
+          f'python -m input_pipeline.create_pretraining_data --next_sentence={want}')
 
 
 def feature_spec(cfg: ReaderConfig) -> dict[str, tf.io.FixedLenFeature]:
@@ -202,6 +242,7 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
     raise ValueError('data.dynamic_masking and data.pack need unpacked records (these are '
                      'packed): write them without --pack and let the reader pack')
   files = list_files(cfg.files)
+  check_sentence_objective(files, cfg)
   by_file = len(files) >= process_count
   if by_file:
     files = files[process_index::process_count]
