@@ -57,7 +57,8 @@ def compile_for(config, devices) -> dict:
            'masked_lm_positions': ((b, p), i32), 'masked_lm_ids': ((b, p), i32),
            'masked_lm_weights': ((b, p), f32), 'next_sentence_labels': ((b, 1), i32)}
   batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in batch.items()}
-  step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, config.train.accum_steps)
+  step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, config.train.accum_steps,
+                           config.data.sentence_objective)
   with shd.activate(mesh, rules):
     compiled = step.jitted.lower(state, batch).compile()
   mem = compiled.memory_analysis()

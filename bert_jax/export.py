@@ -55,7 +55,7 @@ def evaluate_workdir(config, workdir: str) -> dict:
   rules = shd.normalize_rules(config.sharding_rules)
   tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
   params = jax.device_put(params, ts.state_shardings(model_cfg, tx, mesh, rules).params)
-  eval_step = ts.jit_eval_step(model_cfg, tx, mesh, rules)
+  eval_step = ts.jit_eval_step(model_cfg, tx, mesh, rules, config.data.sentence_objective)
   batch = train.per_process_batch(config.train.global_batch_size)
   return {'step': step, **train.evaluate(eval_step, params, config, batch, mesh)}
 

@@ -47,7 +47,7 @@ def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.Re
       seed=seed, dynamic_masking=d.dynamic_masking, whole_word_masking=d.whole_word_masking,
       pack=d.pack, pack_window=d.pack_window, vocab_size=config.model.vocab_size,
       threads=d.threads, vocab_file=d.vocab_file, spm_model=d.spm_model,
-      do_lower_case=d.do_lower_case)
+      do_lower_case=d.do_lower_case, sentence_objective=d.sentence_objective)
 
 
 def per_process_batch(global_batch: int) -> int:
@@ -147,8 +147,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     state = _initial_state(config, model_cfg, tx, mesh, rules)
 
   # --- update step
-  train_step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, t.accum_steps)
-  eval_step = ts.jit_eval_step(model_cfg, tx, mesh, rules) if config.data.eval_files else None
+  objective = config.data.sentence_objective
+  train_step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, t.accum_steps, objective)
+  eval_step = (ts.jit_eval_step(model_cfg, tx, mesh, rules, objective)
+               if config.data.eval_files else None)
   step_flops = flops.train_flops_per_step(model_cfg, t.global_batch_size,
                                           config.data.max_seq_length,
                                           config.data.max_predictions_per_seq)

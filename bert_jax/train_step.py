@@ -2,7 +2,10 @@
 
 The losses are the reference's: MLM is the weighted mean cross-entropy over real masked
 positions, NSP the weighted mean over each row's NSP labels (one per instance in packed rows),
-and the training loss their sum. Gradient accumulation splits the global batch into
+and the training loss their sum. `sentence_objective` (data.sentence_objective) names what the
+2-way head learns: 'nsp', or ALBERT's 'sop' (same head and loss, metrics named sop_*), or
+'none' (RoBERTa's full sentences): MLM alone, no sentence loss or metric at all, whatever
+labels the batch carries. Gradient accumulation splits the global batch into
 micro-batches inside one jitted step and normalises by the whole batch's weights, so it gives
 the full-batch gradient, not an average of per-micro-batch means.
 
@@ -23,7 +26,9 @@ from jax.sharding import NamedSharding
 
 from bert_jax import sharding as shd
 from bert_jax.model import BertConfig, BertForPreTraining, init_params, logical_param_specs
+from input_pipeline import objectives
 
+SENTENCE_HEAD_OBJECTIVES = ('nsp', 'sop')  # objectives that train the 2-way head
 MODEL_FEATURES = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',
                   'position_ids', 'packed_segment_ids', 'next_sentence_positions')
 
@@ -47,13 +52,22 @@ def nsp_weights(batch) -> jax.Array:
   return jnp.ones(labels.shape, jnp.float32)
 
 
-def loss_sums(output, batch) -> dict[str, jax.Array]:
-  """Weighted sums (not means), so micro-batches and eval batches add up exactly."""
+def loss_sums(output, batch, sentence_objective: str = 'nsp') -> dict[str, jax.Array]:
+  """Weighted sums (not means), so micro-batches and eval batches add up exactly; the
+  sentence head's under `{sentence_objective}_*`, none for 'none'."""
   w_mlm = batch['masked_lm_weights'].astype(jnp.float32)
   labels = batch['masked_lm_ids']
   xent = optax.softmax_cross_entropy_with_integer_labels(output.mlm_logits, labels)
   hit = (jnp.argmax(output.mlm_logits, -1) == labels).astype(jnp.float32)
+  sums = {'mlm_loss': jnp.sum(w_mlm * xent), 'mlm_hits': jnp.sum(w_mlm * hit),
+          'mlm_weight': jnp.sum(w_mlm)}
+  if sentence_objective != 'none':
+    sums.update(sentence_sums(output, batch, sentence_objective))
+  return sums
 
+
+def sentence_sums(output, batch, prefix: str) -> dict[str, jax.Array]:
+  """Weighted sums of the 2-way sentence head (NSP or SOP labels)."""
   nsp_labels = batch['next_sentence_labels']
   nsp_logits = output.nsp_logits
   if nsp_logits.ndim == 2:  # unpacked: one [CLS] per row, labels [B, 1]
@@ -62,20 +76,23 @@ def loss_sums(output, batch) -> dict[str, jax.Array]:
   w_nsp = nsp_weights(batch).reshape(nsp_labels.shape)
   nsp_xent = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels)
   nsp_hit = (jnp.argmax(nsp_logits, -1) == nsp_labels).astype(jnp.float32)
-  return {
-      'mlm_loss': jnp.sum(w_mlm * xent), 'mlm_hits': jnp.sum(w_mlm * hit),
-      'mlm_weight': jnp.sum(w_mlm),
-      'nsp_loss': jnp.sum(w_nsp * nsp_xent), 'nsp_hits': jnp.sum(w_nsp * nsp_hit),
-      'nsp_weight': jnp.sum(w_nsp),
-  }
+  return {f'{prefix}_loss': jnp.sum(w_nsp * nsp_xent),
+          f'{prefix}_hits': jnp.sum(w_nsp * nsp_hit), f'{prefix}_weight': jnp.sum(w_nsp)}
 
 
 def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Means from sums; the +1e-5 is the reference's guard against an all-padding batch."""
-  mlm_w, nsp_w = sums['mlm_weight'] + 1e-5, sums['nsp_weight'] + 1e-5
-  return {'mlm_loss': sums['mlm_loss'] / mlm_w, 'mlm_accuracy': sums['mlm_hits'] / mlm_w,
-          'nsp_loss': sums['nsp_loss'] / nsp_w, 'nsp_accuracy': sums['nsp_hits'] / nsp_w,
-          'loss': sums['mlm_loss'] / mlm_w + sums['nsp_loss'] / nsp_w}
+  """Means from sums (the sentence head's only if the sums have it); the +1e-5 is the
+  reference's guard against an all-padding batch."""
+  mlm_w = sums['mlm_weight'] + 1e-5
+  out = {'mlm_loss': sums['mlm_loss'] / mlm_w, 'mlm_accuracy': sums['mlm_hits'] / mlm_w}
+  out['loss'] = out['mlm_loss']
+  for prefix in SENTENCE_HEAD_OBJECTIVES:
+    if f'{prefix}_weight' in sums:
+      w = sums[f'{prefix}_weight'] + 1e-5
+      out[f'{prefix}_loss'] = sums[f'{prefix}_loss'] / w
+      out[f'{prefix}_accuracy'] = sums[f'{prefix}_hits'] / w
+      out['loss'] = out['mlm_loss'] + out[f'{prefix}_loss']
+  return out
 
 
 def _micro_batches(batch, accum_steps: int):
@@ -93,16 +110,20 @@ def _micro_batches(batch, accum_steps: int):
 
 def train_step(state: TrainState, batch, *, model: BertForPreTraining,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+               accum_steps: int = 1, sentence_objective: str = 'nsp'
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   norm_mlm = jnp.sum(batch['masked_lm_weights'].astype(jnp.float32)) + 1e-5
-  norm_nsp = jnp.sum(nsp_weights(batch)) + 1e-5
+  head = sentence_objective if sentence_objective in SENTENCE_HEAD_OBJECTIVES else None
+  norm_head = jnp.sum(nsp_weights(batch)) + 1e-5 if head else None
 
   def loss_fn(params, micro, micro_key):
     out = model.apply({'params': params}, **model_inputs(micro), deterministic=False,
                       rngs={'dropout': micro_key})
-    sums = loss_sums(out, micro)
-    return sums['mlm_loss'] / norm_mlm + sums['nsp_loss'] / norm_nsp, sums
+    sums = loss_sums(out, micro, sentence_objective)
+    if head is None:
+      return sums['mlm_loss'] / norm_mlm, sums
+    return sums['mlm_loss'] / norm_mlm + sums[f'{head}_loss'] / norm_head, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if accum_steps == 1:
@@ -126,9 +147,10 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch, *, model: BertForPreTraining) -> dict[str, jax.Array]:
+def eval_step(params, batch, *, model: BertForPreTraining,
+              sentence_objective: str = 'nsp') -> dict[str, jax.Array]:
   out = model.apply({'params': params}, **model_inputs(batch))
-  return loss_sums(out, batch)
+  return loss_sums(out, batch, sentence_objective)
 
 
 # ----------------------------------------------------------------------------- sharded setup
@@ -185,11 +207,14 @@ def state_from_params(params, model_cfg: BertConfig, tx, seed: int, mesh, rules)
   return jax.jit(init, out_shardings=shardings)(params, seed)
 
 
-def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps: int = 1):
+def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps: int = 1,
+                   sentence_objective: str = 'nsp'):
   """The train step, jitted once with explicit shardings and the state donated."""
+  objectives.check_name(sentence_objective, 'data.sentence_objective')
   shardings = state_shardings(model_cfg, tx, mesh, rules)
   step = functools.partial(train_step, model=BertForPreTraining(model_cfg), tx=tx,
-                           schedule=schedule, accum_steps=accum_steps)
+                           schedule=schedule, accum_steps=accum_steps,
+                           sentence_objective=sentence_objective)
   jitted = jax.jit(step, in_shardings=(shardings, shd.batch_sharding(mesh)),
                    out_shardings=(shardings, shd.replicated(mesh)), donate_argnums=0)
 
@@ -201,9 +226,11 @@ def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps
   return run
 
 
-def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules):
+def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules, sentence_objective: str = 'nsp'):
+  objectives.check_name(sentence_objective, 'data.sentence_objective')
   shardings = state_shardings(model_cfg, tx, mesh, rules)
-  step = functools.partial(eval_step, model=BertForPreTraining(model_cfg))
+  step = functools.partial(eval_step, model=BertForPreTraining(model_cfg),
+                           sentence_objective=sentence_objective)
   jitted = jax.jit(step, in_shardings=(shardings.params, shd.batch_sharding(mesh)),
                    out_shardings=shd.replicated(mesh))
 

@@ -38,6 +38,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.spm_model = ''  # or a SentencePiece .model
   c.data.do_lower_case = True
   c.data.threads = 0  # tf.data threads per process; 0 = all cores (1 leaves XLA room on CPUs)
+  # What the records hold, as create_pretraining_data --next_sentence wrote them: nsp (BERT),
+  # sop (ALBERT sentence order) or none (RoBERTa full sentences: MLM only, no NSP loss).
+  # The reader refuses records of another objective.
+  c.data.sentence_objective = 'nsp'
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)

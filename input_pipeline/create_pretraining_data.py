@@ -14,6 +14,10 @@ boundaries); each window is tokenized, turned into instances exactly as the refe
 `window % num_shards`. Memory is one window per worker whatever the corpus size, workers own
 disjoint shards, and every window has its own seed, so the output depends on the seed and
 the shard count but not on the number of workers.
+
+`--next_sentence=nsp|sop|none` picks the sentence objective (input_pipeline/objectives.py):
+the reference's NSP pairs (default), ALBERT's sentence-order pairs, or RoBERTa's full-sentence
+rows with no sentence label; sop and none records carry a marker the reader checks.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Iterator
 from absl import app, flags, logging
 
 from input_pipeline import corpus as corpus_lib
-from input_pipeline import example_codec, fs, masking, packing, tfrecord
+from input_pipeline import example_codec, fs, masking, objectives, packing, tfrecord
 from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 
@@ -57,6 +61,8 @@ class Job:
   # No vocab_file/spm_model: learn one from the corpus first ('wordpiece' | 'sentencepiece').
   train_tokenizer: str = ''
   vocab_size: int = 30522
+  # --next_sentence: nsp (BERT) | sop (ALBERT) | none (RoBERTa FULL-SENTENCES); objectives.py
+  sentence_objective: str = 'nsp'
 
   def shard_paths(self) -> list[str]:
     if self.num_shards == 1:
@@ -83,7 +89,8 @@ def _window_block(job: Job, tokenized: list[list[list[int]]], tokenizer, index: 
     instances = create_instances(tokenized, job.masking, tokenizer, random.Random(seed),
                                  job.dupe_factor)
     return masking.block_from_instances(instances, job.masking)
-  return masking.create_block(tokenized, job.masking, tokenizer, seed, job.dupe_factor)
+  return masking.create_block(tokenized, job.masking, tokenizer, seed, job.dupe_factor,
+                              sentence_objective=job.sentence_objective)
 
 
 def _run_worker(job: Job, worker: int) -> dict:
@@ -152,6 +159,14 @@ def train_tokenizer(job: Job) -> Job:
                    'sentencepiece')
 
 
+def check_objective(job: Job) -> None:
+  """Fail before any work on an unknown --next_sentence or one exact mode cannot honour."""
+  objectives.check_name(job.sentence_objective, '--next_sentence')
+  if job.exact_reference_rng and job.sentence_objective != 'nsp':
+    raise ValueError(f'--exact_reference_rng reproduces google-research/bert\'s NSP records; '
+                     f'it cannot apply to --next_sentence={job.sentence_objective}: drop one')
+
+
 def _worker_entry(args):
   return _run_worker(*args)
 
@@ -163,6 +178,7 @@ def run(job: Job) -> dict:
   if job.num_workers > job.num_shards:
     raise ValueError(f'--num_workers={job.num_workers} exceeds --num_shards={job.num_shards}: '
                      'a worker owns whole shards, so raise --num_shards')
+  check_objective(job)
   fs.check_writable(fs.dirname(fs.absolute(job.output_file)))  # before hours of work
   if job.train_tokenizer:
     job = train_tokenizer(job)
@@ -195,13 +211,14 @@ def run(job: Job) -> dict:
       'replacement_split': {'mask': round(stats.mask_token / masked, 4),
                             'random': round(stats.random_token / masked, 4),
                             'kept': round(stats.kept_token / masked, 4)},
-      'nsp_random_next_fraction': round(stats.random_next / max(stats.instances, 1), 4),
       'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
       'files': sorted(f for r in results for f in r['files']), 'packed': job.pack,
       'vocab_file': job.vocab_file, 'spm_model': job.spm_model,
       'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
       'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
   }
+  summary['sentence_objective'] = job.sentence_objective
+  summary.update(objectives.summary(stats, job.sentence_objective))
   fs.write_text(job.output_file + '.stats.json', json.dumps(summary, indent=2))
   return summary
 
@@ -250,6 +267,11 @@ def define_flags():
   flags.DEFINE_bool('exact_reference_rng', False, 'Mask instance by instance with the '
                     "reference's random stream (slow; with --replace_from_full_vocab and one "
                     'window it reproduces the reference\'s instances).')
+  flags.DEFINE_enum('next_sentence', 'nsp', list(objectives.OBJECTIVES),
+                    'Sentence objective: nsp (BERT next sentence), sop (ALBERT sentence order: '
+                    'consecutive segments, swapped half the time) or none (RoBERTa '
+                    'FULL-SENTENCES: rows of contiguous sentences across documents, no label). '
+                    'Train with the same --config.data.sentence_objective.')
   flags.DEFINE_bool('replace_from_full_vocab', False, 'Draw random replacements from the whole '
                     'vocabulary, [unused] included, as the reference does.')
 
@@ -270,7 +292,8 @@ def job_from_flags() -> Job:
              window_chars=FLAGS.window_chars, pack=FLAGS.pack,
              max_instances_per_row=FLAGS.max_instances_per_row,
              exact_reference_rng=FLAGS.exact_reference_rng,
-             train_tokenizer=FLAGS.train_tokenizer or '', vocab_size=FLAGS.vocab_size)
+             train_tokenizer=FLAGS.train_tokenizer or '', vocab_size=FLAGS.vocab_size,
+             sentence_objective=FLAGS.next_sentence)
 
 
 def main(argv):

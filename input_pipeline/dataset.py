@@ -18,6 +18,9 @@ dynamic masking (RoBERTa-style: fresh masks every time a row is read, by the sam
 with zero-weight rows so every batch has the jitted shape. Reading, masking and packing run as
 `tf.numpy_function`s declared stateless, so iterator checkpoints still work.
 
+Records written for another sentence objective than `sentence_objective` (nsp, sop, none; a
+marker in each record, input_pipeline/objectives.py) are refused with a ValueError up front.
+
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
 with `tf.train.Checkpoint`, staged through a local temporary directory when the target is a
 URL, so a restarted run gets exactly the batches it would have got.
@@ -25,6 +28,7 @@ URL, so a restarted run gets exactly the batches it would have got.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -33,8 +37,9 @@ import re
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message
 
-from input_pipeline import fs, masking, packing, tfrecord
+from input_pipeline import fs, masking, objectives, packing, tfrecord
 from input_pipeline.instances import MaskingConfig
 
 INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
@@ -76,6 +81,8 @@ class ReaderConfig:
   threads: int = 0
   # Largest byte range read at once (one request on an object store): the unit of sharding.
   read_chunk_bytes: int = 1 << 20
+  # What the records must hold: nsp | sop | none (create_pretraining_data --next_sentence).
+  sentence_objective: str = 'nsp'
 
 
 def list_files(patterns: str) -> list[str]:
@@ -88,6 +95,53 @@ def list_files(patterns: str) -> list[str]:
                               'python -m input_pipeline.create_pretraining_data')
     files.extend(matched)
   return files
+
+
+def record_objective(record: bytes) -> str:
+  """The sentence objective a record was written for (input_pipeline/objectives.py): its
+  marker; else sop for google-research/albert's records (they alone carry `token_boundary`;
+  ALBERT's default is SOP), else nsp (google-research/bert's records and ours)."""
+  feature = tf.train.Example.FromString(record).features.feature
+  if objectives.MARKER in feature:
+    return objectives.name_of_code(feature[objectives.MARKER].int64_list.value[0])
+  return 'sop' if 'token_boundary' in feature else 'nsp'
+
+
+def _first_records(files: list[str], sizes: list[int]) -> list[tuple[str, bytes]]:
+  """(path, first record) of each non-empty, readable file: one small ranged read each, in
+  parallel (object stores answer in tens of milliseconds, many at a time)."""
+
+  def first(path_size):
+    path, size = path_size
+    try:
+      records = tfrecord.records_in_range(path, 0, 1, size) if size else []
+    except tfrecord.CorruptRecordError:
+      return None  # the reader names it as corrupt
+    return (path, records[0]) if records else None
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    return [r for r in pool.map(first, zip(files, sizes)) if r is not None]
+
+
+def check_sentence_objective(files: list[str], sizes: list[int], cfg: ReaderConfig) -> None:
+  """Refuse records written for another sentence objective than the config's, before training
+  on wrong labels (or on none's absent ones). A file comes from one data-creation run, so its
+  first record speaks for it: one small read per file. Unreadable files are left to the
+  reader, whose error names them as corrupt."""
+  want = objectives.check_name(cfg.sentence_objective, 'data.sentence_objective')
+  found: dict[str, list[str]] = {}
+  for path, record in sorted(_first_records(files, sizes)):
+    try:
+      found.setdefault(record_objective(record), []).append(path)
+    except message.DecodeError:
+      pass
+  for got, paths in found.items():
+    if got != want:
+      raise ValueError(
+          f'data files {cfg.files!r}: {len(paths)} of {len(files)} files hold {got} records '
+          f'({objectives.DESCRIPTIONS[got]}), e.g. {paths[0]}, but data.sentence_objective='
+          f'{want!r}; set --config.data.sentence_objective={got}, or re-create the files with '
+          f'python -m input_pipeline.create_pretraining_data --next_sentence={want}')
 
 
 def feature_spec(cfg: ReaderConfig) -> dict[str, tf.io.FixedLenFeature]:
@@ -212,11 +266,10 @@ def _pad_to_batch(batch_size: int):
   return pad
 
 
-def chunks(files: list[str], read_chunk_bytes: int) -> list[tuple]:
+def chunks(files: list[str], sizes: list[int], read_chunk_bytes: int) -> list[tuple]:
   """(file, start, end, file size) byte ranges over all files, in order. The chunk size shrinks
   for small data (to 1/256 of it, at least 4 KiB) so that even small data has many chunks; it
   never depends on the process count, so neither does the data order."""
-  sizes = fs.sizes(files)
   if not sum(sizes):
     raise ValueError(f'data files {files[:3]}...: all empty; re-create them with '
                      'python -m input_pipeline.create_pretraining_data')
@@ -276,7 +329,10 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
   if cfg.packed and (cfg.dynamic_masking or cfg.pack):
     raise ValueError('data.dynamic_masking and data.pack need unpacked records (these are '
                      'packed): write them without --pack and let the reader pack')
-  all_chunks = chunks(list_files(cfg.files), cfg.read_chunk_bytes)
+  files = list_files(cfg.files)
+  sizes = fs.sizes(files)
+  check_sentence_objective(files, sizes, cfg)
+  all_chunks = chunks(files, sizes, cfg.read_chunk_bytes)
   if training:
     ds = training_records(all_chunks, cfg.seed, process_index, process_count)
   else:  # in order, no repeat; process i reads chunks i, i+n, ...

@@ -12,6 +12,9 @@ never [CLS]/[SEP], whole-word masking optional. Tokens are ids, not strings.
 data creation by default pairs with `pair_spans` (O(1) truncation) and masks whole blocks at
 once with `masking.mask_block` (same rules, numpy random stream, far faster).
 
+`sop_spans` (ALBERT's sentence order) and `full_sentence_rows` (RoBERTa's FULL-SENTENCES)
+are the other two sentence objectives, described in input_pipeline/objectives.py.
+
 One documented choice: by default random replacements come from `tokenizer.replacement_ids`
 (real tokens, no specials or [unused]); the reference draws from the whole vocabulary, which
 `replace_from_full_vocab=True` restores (and with it the reference's exact random stream).
@@ -59,12 +62,17 @@ class InstanceStats:
   mask_token: int = 0
   random_token: int = 0
   kept_token: int = 0
-  random_next: int = 0
+  random_next: int = 0  # NSP random next, or SOP swapped
   truncated: int = 0
+  documents: int = 0  # full-sentence rows: documents summed over rows
+  crossing_rows: int = 0  # full-sentence rows that span two documents or more
 
   def add_block(self, block) -> None:
     """Totals of a `masking.Block`, vectorised."""
     m = block.masked
+    if block.documents is not None:
+      self.documents += int(block.documents.sum())
+      self.crossing_rows += int((block.documents > 1).sum())
     self.instances += len(block)
     self.tokens += int(m.lengths.sum())
     self.masked += int(m.num_masked.sum())
@@ -270,3 +278,108 @@ def create_instances(documents: list[list[list[int]]], cfg: MaskingConfig, token
                                                       rng))
   rng.shuffle(instances)
   return instances
+
+
+def sop_spans(window: Window, doc: int, cfg: MaskingConfig, rng: random.Random
+              ) -> Iterator[tuple[int, int, int, int, bool, bool]]:
+  """ALBERT's sentence-order pairs of one document (input_pipeline/objectives.py): (A offset,
+  A length, B offset, B length, swapped, truncated). Chunks are cut as `pair_spans` cuts
+  them, B is always the actual continuation, then a coin flip swaps A and B."""
+  cum, base = window.cum[doc], window.doc_start[doc]
+  max_num_tokens = cfg.max_seq_length - 3
+  target_seq_length = max_num_tokens
+  if rng.random() < cfg.short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+  num_sentences = len(cum) - 1
+  first = 0  # the current chunk is sentences [first, i]
+  for i in range(num_sentences):
+    if i < num_sentences - 1 and cum[i + 1] - cum[first] < target_seq_length:
+      continue
+    start, end, chunk_size = cum[first], cum[i + 1], i + 1 - first
+    if chunk_size >= 2:
+      split = cum[first + rng.randint(1, chunk_size - 1)]
+    elif end - start >= 2:  # one sentence: cut it (ALBERT would take another document)
+      split = rng.randint(start + 1, end - 1)
+    else:
+      split = None  # a one-token chunk: no two segments
+    first = i + 1
+    if split is None:
+      continue
+    a_start, len_a, b_start, len_b = base + start, split - start, base + split, end - split
+    swapped = rng.random() < 0.5
+    if swapped:
+      a_start, len_a, b_start, len_b = b_start, len_b, a_start, len_a
+    front_a, back_a, front_b, back_b = truncation(len_a, len_b, max_num_tokens, rng,
+                                                  exact=False)
+    len_a -= front_a + back_a
+    len_b -= front_b + back_b
+    if len_a and len_b:
+      yield (a_start + front_a, len_a, b_start + front_b, len_b, swapped,
+             front_a + back_a + front_b + back_b > 0)
+
+
+class FullSentenceRows:
+  """RoBERTa's FULL-SENTENCES rows (input_pipeline/objectives.py) as they are built:
+  `[CLS] sentences [SEP]`, whole sentences while they fit, a [SEP] between documents."""
+
+  def __init__(self, tokens: np.ndarray, max_seq_length: int, cls_id: int, sep_id: int):
+    self.tokens, self.capacity = tokens, max_seq_length - 2
+    self.cls, self.sep = np.array([cls_id], np.int32), np.array([sep_id], np.int32)
+    self.rows: list[np.ndarray] = []
+    self.documents: list[int] = []  # documents each row's text comes from
+    self.cut: list[bool] = []  # the row holds a piece of a sentence longer than a row
+    self._reset()
+
+  def _reset(self):
+    self.pieces, self.used, self.row_docs, self.last_doc, self.row_cut = [], 0, 0, -1, False
+
+  def close(self):
+    if self.pieces:
+      self.rows.append(np.concatenate([self.cls, *self.pieces, self.sep]))
+      self.documents.append(self.row_docs)
+      self.cut.append(self.row_cut)
+    self._reset()
+
+  def room(self, doc: int) -> int:
+    """Tokens of document occurrence `doc` that still fit in the current row."""
+    return self.capacity - self.used - (bool(self.pieces) and doc != self.last_doc)
+
+  def add(self, doc: int, start: int, length: int, cut: bool = False):
+    """Tokens [start, start + length) of document occurrence `doc`: into this row if they
+    fit, else into a new one."""
+    separator = bool(self.pieces) and doc != self.last_doc
+    if self.used + separator + length > self.capacity:
+      self.close()
+      separator = False
+    if separator:
+      self.pieces.append(self.sep)
+    self.pieces.append(self.tokens[start:start + length])
+    self.used += separator + length
+    self.row_docs += doc != self.last_doc
+    self.last_doc = doc
+    self.row_cut |= cut
+
+
+def full_sentence_rows(window: Window, orders: Sequence[Sequence[int]], max_seq_length: int,
+                       cls_id: int, sep_id: int) -> FullSentenceRows:
+  """Rows over the documents in `orders` (one document order per dupe pass) as one stream.
+  A sentence longer than a row will be cut anyway, so it first fills the current row's room,
+  then whole rows; its rows count as truncated."""
+  rows = FullSentenceRows(window.tokens, max_seq_length, cls_id, sep_id)
+  occurrence = 0
+  for order in orders:
+    for doc in order:
+      cum, base = window.cum[doc], window.doc_start[doc]
+      for k in range(len(cum) - 1):
+        start, length = base + cum[k], cum[k + 1] - cum[k]
+        if length <= rows.capacity:
+          rows.add(occurrence, start, length)
+          continue
+        while length:
+          room = rows.room(occurrence)
+          take = min(length, room if room > 0 else rows.capacity)
+          rows.add(occurrence, start, take, cut=True)
+          start, length = start + take, length - take
+      occurrence += 1
+  rows.close()
+  return rows

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_pipeline.instances import MaskingConfig, Window, pair_spans
+from input_pipeline import objectives
+from input_pipeline.instances import (MaskingConfig, Window, full_sentence_rows, pair_spans,
+                                      sop_spans)
 
 
 @dataclasses.dataclass
@@ -132,21 +134,24 @@ def mask_block(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray, cfg: Mas
 
 @dataclasses.dataclass
 class Block:
-  """A window's instances: masked rows plus their NSP labels, in random order."""
+  """A window's instances: masked rows plus their sentence labels, in random order."""
   masked: MaskedBlock
-  is_random_next: np.ndarray  # [N] bool
+  is_random_next: np.ndarray  # [N] bool: NSP random next, SOP swapped, all False for none
   truncated: np.ndarray  # [N] bool
+  sentence_objective: str = 'nsp'  # objectives.OBJECTIVES; sop/none records carry a marker
+  documents: np.ndarray | None = None  # [N] documents per row (full-sentence rows only)
 
   def __len__(self) -> int:
     return len(self.is_random_next)
 
   def features(self) -> dict[str, np.ndarray]:
-    """The reference's record fields (DESIGN.md), [N, ...] each."""
+    """The reference's record fields (DESIGN.md), [N, ...] each, plus the objective marker."""
     m = self.masked
     return {'input_ids': m.input_ids, 'input_mask': m.input_mask, 'segment_ids': m.segment_ids,
             'masked_lm_positions': m.masked_lm_positions, 'masked_lm_ids': m.masked_lm_ids,
             'masked_lm_weights': m.masked_lm_weights,
-            'next_sentence_labels': self.is_random_next.astype(np.int32)[:, None]}
+            'next_sentence_labels': self.is_random_next.astype(np.int32)[:, None],
+            **objectives.marker_features(self.sentence_objective, len(self))}
 
 
 def gather_rows(window: Window, spans: np.ndarray, seq_len: int, tokenizer
@@ -167,12 +172,17 @@ def gather_rows(window: Window, spans: np.ndarray, seq_len: int, tokenizer
 
 
 def create_block(documents: Sequence[Sequence[Sequence[int]]], cfg: MaskingConfig, tokenizer,
-                 seed: int, dupe_factor: int = 1, chunk_rows: int = 4096) -> Block:
+                 seed: int, dupe_factor: int = 1, chunk_rows: int = 4096,
+                 sentence_objective: str = 'nsp') -> Block:
   """The reference's main loop over documents (shuffle, dupe passes of pairs, shuffle), with
-  pairs kept as spans and masked `chunk_rows` at a time (bounded temporaries).
-  Deterministic for `seed`."""
-  rng = random.Random(seed)
+  pairs kept as spans and masked `chunk_rows` at a time (bounded temporaries); or the rows of
+  another sentence objective (input_pipeline/objectives.py). Deterministic for `seed`."""
   window = Window(documents)
+  if objectives.check_name(sentence_objective, 'sentence objective') == 'sop':
+    return sop_block(window, cfg, tokenizer, seed, dupe_factor, chunk_rows)
+  if sentence_objective == 'none':
+    return full_sentence_block(window, cfg, tokenizer, seed, dupe_factor, chunk_rows)
+  rng = random.Random(seed)
   order = list(range(len(window)))
   rng.shuffle(order)
   spans, random_next, truncated = [], [], []
@@ -183,7 +193,15 @@ def create_block(documents: Sequence[Sequence[Sequence[int]]], cfg: MaskingConfi
         spans.append((a_start, len_a, b_start, len_b))
         random_next.append(is_random_next)
         truncated.append(was_truncated)
-  np_rng = np.random.default_rng(seed)
+  return block_from_spans(window, spans, random_next, truncated, cfg, tokenizer,
+                          np.random.default_rng(seed), chunk_rows)
+
+
+def block_from_spans(window: Window, spans, labels, truncated, cfg: MaskingConfig, tokenizer,
+                     np_rng: np.random.Generator, chunk_rows: int = 4096,
+                     sentence_objective: str = 'nsp') -> Block:
+  """(A offset, A length, B offset, B length) pairs -> shuffled, masked `[CLS] A [SEP] B [SEP]`
+  rows, `chunk_rows` at a time (bounded temporaries); NSP and SOP pairs alike."""
   perm = np_rng.permutation(len(spans))
   spans = np.asarray(spans, np.int64).reshape(-1, 4)[perm]
   chunks = []
@@ -192,7 +210,8 @@ def create_block(documents: Sequence[Sequence[Sequence[int]]], cfg: MaskingConfi
     ids, lengths = gather_rows(window, part, cfg.max_seq_length, tokenizer)
     chunks.append(mask_block(ids, lengths, part[:, 1], cfg, tokenizer, np_rng))
   return Block(MaskedBlock.concatenate(chunks, cfg),
-               np.asarray(random_next, bool)[perm], np.asarray(truncated, bool)[perm])
+               np.asarray(labels, bool)[perm], np.asarray(truncated, bool)[perm],
+               sentence_objective)
 
 
 def block_from_instances(instances, cfg: MaskingConfig) -> Block:
@@ -207,3 +226,46 @@ def block_from_instances(instances, cfg: MaskingConfig) -> Block:
   masked = MaskedBlock(ids, lengths, segment_ids, positions, labels, num_masked, replacements)
   return Block(masked, np.array([i.is_random_next for i in instances], bool),
                np.array([i.truncated for i in instances], bool))
+
+
+def sop_block(window: Window, cfg: MaskingConfig, tokenizer, seed: int, dupe_factor: int,
+              chunk_rows: int = 4096) -> Block:
+  """ALBERT's SOP pairs (`instances.sop_spans`) of every document, dupe_factor passes."""
+  rng = random.Random(seed)
+  spans, swapped, truncated = [], [], []
+  for _ in range(dupe_factor):
+    for doc in range(len(window)):
+      for a_start, len_a, b_start, len_b, was_swapped, was_truncated in sop_spans(
+          window, doc, cfg, rng):
+        spans.append((a_start, len_a, b_start, len_b))
+        swapped.append(was_swapped)
+        truncated.append(was_truncated)
+  return block_from_spans(window, spans, swapped, truncated, cfg, tokenizer,
+                          np.random.default_rng(seed), chunk_rows, 'sop')
+
+
+def full_sentence_block(window: Window, cfg: MaskingConfig, tokenizer, seed: int,
+                        dupe_factor: int, chunk_rows: int = 4096) -> Block:
+  """RoBERTa's FULL-SENTENCES rows (`instances.full_sentence_rows`), masked; each dupe pass
+  reshuffles the documents so that passes differ in where rows start, not only in masks."""
+  rng = random.Random(seed)
+  orders = []
+  for _ in range(dupe_factor):
+    order = list(range(len(window)))
+    rng.shuffle(order)
+    orders.append(order)
+  built = full_sentence_rows(window, orders, cfg.max_seq_length, tokenizer.cls_id,
+                             tokenizer.sep_id)
+  np_rng = np.random.default_rng(seed)
+  perm = np_rng.permutation(len(built.rows))
+  chunks = []
+  for lo in range(0, len(perm), chunk_rows):
+    part = [built.rows[r] for r in perm[lo:lo + chunk_rows]]
+    lengths = np.fromiter(map(len, part), np.int64, len(part))
+    ids = np.zeros((len(part), cfg.max_seq_length), np.int32)
+    ids[np.arange(cfg.max_seq_length) < lengths[:, None]] = np.concatenate(part)
+    # num_a = length - 2: the whole row is "segment A", so every segment id is 0.
+    chunks.append(mask_block(ids, lengths, lengths - 2, cfg, tokenizer, np_rng))
+  return Block(MaskedBlock.concatenate(chunks, cfg), np.zeros(len(perm), bool),
+               np.asarray(built.cut, bool)[perm], 'none',
+               np.asarray(built.documents, np.int64)[perm])

@@ -6,12 +6,17 @@ positions and one more instance (at most `max_instances_per_row`, K). Rows carry
 fields of DESIGN.md; the model turns `packed_segment_ids` into a block-diagonal attention mask
 and `position_ids` restart per instance, so every instance gets exactly the logits it would get
 alone. Row assembly is vectorised: one scatter per field for the whole block.
+
+All three sentence objectives (input_pipeline/objectives.py) pack alike: SOP rows are pairs
+like NSP's; full-sentence rows are instances with all-zero segment ids whose sentence labels the
+trainer ignores, and gain little (only a window's last row is short) but still pack.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from input_pipeline import objectives
 from input_pipeline.instances import MaskingConfig
 from input_pipeline.masking import Block
 
@@ -101,4 +106,5 @@ def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int,
   f['next_sentence_positions'][dst] = token_offset
   f['next_sentence_labels'][dst] = block.is_random_next
   f['next_sentence_weights'][dst] = 1.0
+  f.update(objectives.marker_features(block.sentence_objective, r))
   return f

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib
-from input_pipeline import example_codec, instances as instances_lib, masking, tfrecord
+from input_pipeline import example_codec, instances as instances_lib, masking, objectives
+from input_pipeline import tfrecord
 from input_pipeline.instances import MaskingConfig, create_instances
 from input_pipeline.tokenizer import WordPieceTokenizer
 
@@ -345,6 +346,33 @@ def test_bad_cli_input_is_a_clear_error(corpus_file, tmp_path):
   assert not os.path.exists(tmp_path / 'z') and not os.path.exists(str(tmp_path / 'z') + '.tmp')
 
 
+def _parsed_records(path):
+  """Each record's features as lists: the reference's protobuf key order differs from ours
+  (insertion vs sorted), so records are compared by content, not bytes."""
+  out = []
+  for raw in _raw_records(path):
+    feature = tf.train.Example.FromString(raw).features.feature
+    out.append({k: list(getattr(v, v.WhichOneof('kind')).value) for k, v in feature.items()})
+  return out
+
+
+def test_exact_reference_rng_reproduces_the_reference_records(tmp_path):
+  """tests/data/reference_docstrings_L64_P10_d2.tfrecord is google-research/bert's own output
+  (bert-tensorflow 1.0.4 from PyPI, `python -m bert.create_pretraining_data
+  --input_file=reference_docstrings.txt --vocab_file=bert_uncased_vocab.txt
+  --do_lower_case=True --max_seq_length=64 --max_predictions_per_seq=10 --dupe_factor=2
+  --random_seed=12345`): NSP pairs, masks and labels must come out identical."""
+  job = cpd.Job(output_file=str(tmp_path / 'ours'), vocab_file=VOCAB,
+                masking=MaskingConfig(64, 10, replace_from_full_vocab=True),
+                input_file=os.path.join(DATA, 'reference_docstrings.txt'), dupe_factor=2,
+                random_seed=12345, exact_reference_rng=True)
+  stats = cpd.run(job)
+  want = _parsed_records(os.path.join(DATA, 'reference_docstrings_L64_P10_d2.tfrecord'))
+  assert stats['instances'] == len(want) == 212
+  assert _parsed_records(job.output_file) == want
+
+
+
 def _unpack(batch):
   """Instances of packed rows: (tokens, segment ids, masked positions, labels, NSP label),
   after checking that the packed fields are consistent."""
@@ -386,16 +414,19 @@ def _read_all(cfg):
   return list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)))
 
 
-def test_packed_records_hold_exactly_the_instances(corpus_file, tmp_path):
-  plain = _job(corpus_file, tmp_path / 'plain')
-  packed = _job(corpus_file, tmp_path / 'packed', pack=True, max_instances_per_row=3)
+@pytest.mark.parametrize('objective', objectives.OBJECTIVES)
+def test_packed_records_hold_exactly_the_instances(corpus_file, tmp_path, objective):
+  plain = _job(corpus_file, tmp_path / 'plain', sentence_objective=objective)
+  packed = _job(corpus_file, tmp_path / 'packed', pack=True, max_instances_per_row=3,
+                sentence_objective=objective)
   cpd.run(plain)
   stats = cpd.run(packed)
   assert stats['rows'] < stats['instances']
   assert stats['padding_fraction'] < stats['padding_fraction_unpacked']
-  got = [i for b in _read_all(data_lib.ReaderConfig(files=packed.output_file, batch_size=16,
-                                                    packed=True)) for i in _unpack(b)]
-  want = [i for b in _read_all(data_lib.ReaderConfig(files=plain.output_file, batch_size=16))
+  read = dict(batch_size=16, sentence_objective=objective)
+  got = [i for b in _read_all(data_lib.ReaderConfig(files=packed.output_file, packed=True,
+                                                    **read)) for i in _unpack(b)]
+  want = [i for b in _read_all(data_lib.ReaderConfig(files=plain.output_file, **read))
           for i in _rows(b)]
   assert sorted(got) == sorted(want) and len(got) == stats['instances']
 
@@ -438,6 +469,187 @@ def test_one_command_from_a_folder_of_text_to_packed_batches(docs, tmp_path, tok
   batch = next(data_lib.DataIterator(data_lib.make_dataset(cfg, training=True)))
   assert batch['input_ids'].shape == (8, 128) and batch['next_sentence_weights'].sum() > 8
   assert batch['input_ids'].max() < 1500 + 5
+
+
+# ----------------------------------------------------------------------------- sentence objectives
+
+
+def _originals(batch):
+  """Unpadded rows with their masks undone: (token ids, segment ids, sentence label)."""
+  out = []
+  for r in range(len(batch['input_ids'])):
+    n, w = int(batch['input_mask'][r].sum()), batch['masked_lm_weights'][r] > 0
+    if n:
+      ids = batch['input_ids'][r].copy()
+      ids[batch['masked_lm_positions'][r][w]] = batch['masked_lm_ids'][r][w]
+      out.append((ids[:n].tolist(), batch['segment_ids'][r][:n].tolist(),
+                  int(batch['next_sentence_labels'][r][0])))
+  return out
+
+
+def _text(ids):
+  """Token ids as a string in which contiguity is substring search."""
+  return ' ' + ' '.join(map(str, ids)) + ' '
+
+
+def test_sop_pairs_are_consecutive_segments_swapped_half_the_time(docs, tokenizer, tmp_path):
+  # Documents of at most 100 tokens: no chunk needs truncating at 128, so every pair is the
+  # exact concatenation of two neighbouring segments.
+  short = []
+  for doc in docs:
+    keep, total = [], 0
+    for sentence, ids in zip(doc, tokenizer.encode_batch(doc)):
+      if total + len(ids) > 100:
+        break
+      keep.append(sentence)
+      total += len(ids)
+    if len(keep) >= 2:
+      short.append(keep)
+  path = str(tmp_path / 'short.txt')
+  corpus.write_text_file(short, path)
+  job = _job(path, tmp_path / 'sop', sentence_objective='sop', dupe_factor=3)
+  stats = cpd.run(job)
+  assert stats['truncation_rate'] == 0 and 'nsp_random_next_fraction' not in stats
+  rows = [r for b in _read_all(data_lib.ReaderConfig(files=job.output_file, batch_size=64,
+                                                     sentence_objective='sop'))
+          for r in _originals(b)]
+  documents = [_text(sum(doc, [])) for doc in _tokenized(short, tokenizer)]
+  for ids, segment_ids, swapped in rows:
+    first_sep = ids.index(tokenizer.sep_id)
+    a, b = ids[1:first_sep], ids[first_sep + 1:-1]
+    assert segment_ids == [0] * (first_sep + 1) + [1] * (len(b) + 1)
+    in_order = _text(b + a if swapped else a + b)
+    assert any(in_order in d for d in documents), (a, b, swapped)
+  labels = np.array([r[2] for r in rows])
+  assert len(labels) == stats['instances'] > 500
+  assert abs(labels.mean() - 0.5) < 0.05
+  assert stats['sop_swapped_fraction'] == pytest.approx(labels.mean(), abs=1e-4)
+
+
+def test_sop_cuts_a_one_sentence_chunk_instead_of_borrowing_another_document():
+  # Document 0 is one 30-token sentence (ALBERT would pair it with another document), document
+  # 1 two one-token sentences.
+  window = instances_lib.Window([[list(range(10, 40))], [[7], [8]]])
+  cfg = MaskingConfig(max_seq_length=64, short_seq_prob=0)
+  pairs = [p for seed in range(200) for doc in range(2)
+           for p in instances_lib.sop_spans(window, doc, cfg, random.Random(seed))]
+  assert len(pairs) == 400
+  for a_start, len_a, b_start, len_b, swapped, truncated in pairs:
+    first, second = sorted([(a_start, len_a), (b_start, len_b)])
+    assert first[0] + first[1] == second[0]  # one segment right after the other
+    assert (a_start < 30) == (b_start < 30)  # of one document
+    assert swapped == (a_start > b_start) and not truncated
+  cuts = {p[1] for p in pairs if p[0] < 30 and not p[4]}
+  assert len(cuts) > 10  # the one sentence is cut anywhere
+  assert abs(np.mean([p[4] for p in pairs]) - 0.5) < 0.08
+
+
+def test_full_sentence_rows_are_full_and_cross_documents_with_a_separator():
+  # Token ids that tell their place: 100000 + 1000 * document + 10 * sentence + position.
+  rng = random.Random(0)
+  docs = [[[100_000 + 1000 * d + 10 * k + j for j in range(rng.randint(1, 9))]
+           for k in range(rng.randint(1, 6))] for d in range(60)]
+  docs[5][1] = list(range(50_000, 50_070))  # longer than a row: cut
+  window = instances_lib.Window(docs)
+  orders = [rng.sample(range(60), 60), rng.sample(range(60), 60)]
+  built = instances_lib.full_sentence_rows(window, orders, 32, cls_id=1, sep_id=2)
+  rows = [r.tolist() for r in built.rows]
+  assert all(r[0] == 1 and r[-1] == 2 and len(r) <= 32 for r in rows)
+  # The rows hold the documents' tokens in order, nothing dropped, nothing repeated...
+  stream = [t for r in rows for t in r[1:-1] if t != 2]
+  assert stream == [t for order in orders for d in order for t in sum(docs[d], [])]
+  # ... with a [SEP] exactly where one document meets the next inside a row.
+  doc_of = lambda t: 5 if t < 100_000 else (t - 100_000) // 1000  # noqa: E731
+  for r, n_docs in zip(rows, built.documents):
+    inner = r[1:-1]
+    assert n_docs == inner.count(2) + 1
+    for k in range(1, len(inner)):
+      if inner[k] == 2:
+        assert doc_of(inner[k - 1]) != doc_of(inner[k + 1])
+      elif inner[k - 1] != 2:
+        assert doc_of(inner[k - 1]) == doc_of(inner[k])
+  assert sum(n > 1 for n in built.documents) > len(rows) / 2
+  # Full: the next row's first sentence did not fit in this one.
+  for i, (row, nxt) in enumerate(zip(rows, rows[1:])):
+    if built.cut[i] or built.cut[i + 1]:
+      continue
+    first = 1 + next((k for k, t in enumerate(nxt[2:]) if t % 10 == 0 or t == 2), len(nxt) - 2)
+    separator = doc_of(nxt[1]) != doc_of(row[-2])
+    assert len(row) - 2 + separator + first > 30, (row, nxt)
+  assert sum(built.cut) >= 2 and len(rows) - 2 - sum(built.cut) > 20
+
+
+def test_full_sentence_records_cross_documents_and_report_it(docs, tokenizer, corpus_file,
+                                                              tmp_path):
+  job = _job(corpus_file, tmp_path / 'full', sentence_objective='none', window_chars=200_000)
+  stats = cpd.run(job)
+  assert 'nsp_random_next_fraction' not in stats and stats['padding_fraction'] < 0.12
+  read = dict(files=job.output_file, batch_size=64, sentence_objective='none')
+  rows = [r for b in _read_all(data_lib.ReaderConfig(**read)) for r in _originals(b)]
+  documents = [_text(sum(doc, [])) for doc in _tokenized(docs, tokenizer)]
+  parts_per_row = []
+  for ids, segment_ids, label in rows:
+    assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id
+    assert set(segment_ids) == {0} and label == 0
+    parts, part = [], []
+    for t in ids[1:-1] + [tokenizer.sep_id]:
+      if t == tokenizer.sep_id:
+        parts.append(_text(part))
+        part = []
+      else:
+        part.append(t)
+    for k, text in enumerate(parts):  # a document ends before each [SEP], one starts after
+      assert any((k == len(parts) - 1 or d.endswith(text)) and (k == 0 or d.startswith(text))
+                 and text in d for d in documents)
+    parts_per_row.append(len(parts))
+  assert len(rows) == stats['rows']
+  assert stats['documents_per_row'] == pytest.approx(np.mean(parts_per_row), abs=1e-4)
+  assert stats['documents_per_row'] > 1.5
+  assert stats['rows_crossing_documents'] == pytest.approx(
+      np.mean(np.array(parts_per_row) > 1), abs=1e-4)
+  # Dynamic masking keeps the rows' shape: segment ids 0, [CLS]/[SEP] never masked.
+  batch = next(data_lib.DataIterator(data_lib.make_dataset(data_lib.ReaderConfig(
+      **read, dynamic_masking=True, seed=1), training=True)))
+  w = batch['masked_lm_weights'] > 0
+  assert (batch['segment_ids'] == 0).all() and w.sum() > 64 * 15
+  assert not np.isin(batch['masked_lm_ids'][w], [tokenizer.cls_id, tokenizer.sep_id]).any()
+
+
+def test_reader_refuses_records_of_another_sentence_objective(corpus_file, tmp_path):
+  for have in objectives.OBJECTIVES:
+    cpd.run(_job(corpus_file, tmp_path / have, sentence_objective=have, dupe_factor=1,
+                 num_shards=2, window_chars=40_000))
+    files = str(tmp_path / have) + '-*'
+    for want in objectives.OBJECTIVES:
+      cfg = data_lib.ReaderConfig(files=files, batch_size=4, sentence_objective=want)
+      if want == have:
+        next(data_lib.DataIterator(data_lib.make_dataset(cfg, training=True)))
+        continue
+      with pytest.raises(ValueError, match=(
+          rf"data files '.*{have}-\*': 2 of 2 files hold {have} records \(.*\), e\.g\. "
+          rf".*{have}-00000-of-00002, but data\.sentence_objective='{want}'; set "
+          rf"--config\.data\.sentence_objective={have}, or re-create the files with "
+          rf"python -m input_pipeline\.create_pretraining_data --next_sentence={want}")):
+        data_lib.make_dataset(cfg, training=False)
+  # google-research/bert's records (no marker) count as nsp; ALBERT's (token_boundary) as sop.
+  with pytest.raises(ValueError, match='hold nsp records'):
+    data_lib.make_dataset(data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4,
+                                                sentence_objective='sop'), training=False)
+  albert = example_codec.encode_examples({'input_ids': np.ones((1, 4), np.int64),
+                                          'token_boundary': np.ones((1, 4), np.int64)})[0]
+  assert data_lib.record_objective(albert) == 'sop'
+  with pytest.raises(ValueError, match="data.sentence_objective='mlm': expected one of nsp, "):
+    data_lib.make_dataset(data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4,
+                                                sentence_objective='mlm'), training=False)
+
+
+def test_objective_flags_that_cannot_work_are_clear_errors(corpus_file, tmp_path):
+  with pytest.raises(ValueError, match="--next_sentence='mlm': expected one of nsp, sop, none"):
+    cpd.run(_job(corpus_file, tmp_path / 'a', sentence_objective='mlm'))
+  with pytest.raises(ValueError, match='--exact_reference_rng .* --next_sentence=sop: drop one'):
+    cpd.run(_job(corpus_file, tmp_path / 'b', sentence_objective='sop',
+                 exact_reference_rng=True))
+  assert not list(tmp_path.iterdir())
 
 
 # ----------------------------------------------------------------------------- reader
@@ -490,6 +702,11 @@ def test_corrupt_or_mismatched_records_name_the_files(tmp_path):
   flipped[20_000] ^= 1  # one bit inside a record's data: its CRC must catch it
   corrupt.write_bytes(bytes(flipped))
   with pytest.raises(ValueError, match=r"corrupt.tfrecord: not a valid TFRecord at byte"):
+    list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False), cfg.files))
+  garbage = tmp_path / 'garbage.tfrecord'  # unreadable first record: the objective check
+  garbage.write_bytes(b'\x00' * 100)        # leaves it to the reader's error
+  cfg = data_lib.ReaderConfig(files=str(garbage), batch_size=4, sentence_objective='sop')
+  with pytest.raises(ValueError, match=r"garbage.tfrecord': corrupt"):
     list(data_lib.DataIterator(data_lib.make_dataset(cfg, training=False), cfg.files))
   wrong_length = data_lib.ReaderConfig(files=REFERENCE_128, batch_size=4, max_seq_length=512)
   with pytest.raises(ValueError, match='not BERT TFRecords of this max_seq_length'):

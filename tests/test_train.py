@@ -292,3 +292,48 @@ def test_every_config_builds(name, phases):
   base = importlib.import_module('configs.bert_base').get_config('phase1')
   assert (base.train.global_batch_size, base.optimizer.learning_rate, base.train.num_steps,
           base.optimizer.warmup_steps, base.optimizer.weight_decay) == (256, 1e-4, 900_000, 10_000, 0.01)
+
+
+
+@pytest.mark.parametrize('objective', ['nsp', 'sop', 'none'])
+def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, objective):
+  """--next_sentence -> records -> packed, dynamically masked training -> eval: the sentence
+  head trains and reports under its objective's name, and not at all for none, whose export
+  (NSP head untrained) is still a whole BertForPreTraining."""
+  out = tmp_path / 'data' / 'rows'
+  done = subprocess.run(
+      [sys.executable, '-m', 'input_pipeline.create_pretraining_data',
+       f'--input_file={data / "train.txt"}', f'--output_file={out}',
+       f'--vocab_file={data / "vocab.txt"}', '--max_seq_length=64',
+       '--max_predictions_per_seq=10', '--dupe_factor=1', '--num_shards=2',
+       '--window_chars=30000', f'--next_sentence={objective}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  stats = json.load(open(f'{out}.stats.json'))
+  assert stats['sentence_objective'] == objective
+  values = overrides(data, steps=3, **{
+      'data.train_files': f'{out}-00000-of-00002', 'data.eval_files': f'{out}-00001-of-00002',
+      'data.sentence_objective': objective, 'data.dynamic_masking': True, 'data.pack': True,
+      'data.pack_window': 64})
+  wrong = {'nsp': 'none', 'sop': 'nsp', 'none': 'sop'}[objective]
+  with pytest.raises(ValueError, match=f"hold {objective} records .* but "
+                     f"data.sentence_objective='{wrong}'"):
+    train.train_and_evaluate(config_with({**values, 'data.sentence_objective': wrong}),
+                             str(tmp_path / 'wrong'))
+  workdir = str(tmp_path / 'run')
+  result = train.train_and_evaluate(config_with(values), workdir)
+  head = {objective} - {'none'}
+  for metrics in (result['train'], result['eval']):
+    assert {k.split('_')[0] for k in metrics if k.endswith(('_loss', '_accuracy'))} == {
+        'mlm', *head}
+    assert all(math.isfinite(v) for v in metrics.values())
+  logged = {k for line in open(os.path.join(workdir, 'metrics.jsonl')) for k in json.loads(line)}
+  assert any(k.split('/')[-1].startswith(('nsp', 'sop')) for k in logged) == bool(head)
+  if objective == 'none':
+    assert result['train']['loss'] == result['train']['mlm_loss']
+    assert result['eval']['loss'] == result['eval']['mlm_loss']
+    import transformers
+    from bert_jax import export
+    path = export.export_workdir(workdir, str(tmp_path / 'hf'))
+    _, info = transformers.BertForPreTraining.from_pretrained(path, output_loading_info=True)
+    assert not info['missing_keys'] and not info['unexpected_keys']
