@@ -18,7 +18,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from bert_jax import checkpointing, flops, optim, sharding as shd
+from bert_jax import checkpointing, flops, optim, sharding as shd, start_points
 from bert_jax.metric_writer import MetricWriter
 from bert_jax import train_step as ts
 from bert_jax.model import BertConfig
@@ -97,7 +97,8 @@ def _initial_state(config, model_cfg, tx, mesh, rules):
     raise ValueError('train.init_opt_state_from=True needs train.init_from=<phase-1 workdir>; '
                      'set it, or set train.init_opt_state_from=False')
   if config.train.init_from:
-    step, params = checkpointing.restore_params(config.train.init_from)
+    # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training).
+    step, params = start_points.pretraining_params(config.train.init_from, model_cfg)
     logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
                  ' and optimizer moments' if with_moments else '', config.train.init_from, step)
     state = ts.state_from_params(params, model_cfg, tx, config.seed, mesh, rules)

@@ -27,6 +27,7 @@ import io
 import os
 import posixpath
 import shutil
+import sys
 import tempfile
 from typing import IO, Iterator
 
@@ -335,3 +336,24 @@ def local_dir(source: str) -> Iterator[str]:
   with tempfile.TemporaryDirectory(prefix='bert_jax_fetch_') as tmp:
     download_dir(source, tmp)
     yield tmp
+
+
+def main(argv: list[str]) -> int:
+  """`python -m input_pipeline.fs cp SRC DST`: one file between any two paths (launch scripts
+  use it to put worker logs into a gs:// workdir without gsutil)."""
+  if len(argv) != 4 or argv[1] != 'cp':
+    print('usage: python -m input_pipeline.fs cp SRC DST', file=sys.stderr)
+    return 2
+  try:
+    dest = argv[3]
+    if not is_url(dest) and dirname(dest):
+      makedirs(dirname(dest))
+    write_bytes(dest, read_bytes(argv[2]))
+  except OSError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))

@@ -7,10 +7,12 @@
 #          --config.data.train_files='gs://BUCKET/wiki128/train-*' --config.data.vocab_file=gs://BUCKET/vocab.txt
 #
 # Creates the slice (or reuses it if it exists; --queued goes through a queued resource and
-# waits until it is ACTIVE), copies this checkout to every worker, installs requirements.txt
-# and jax[tpu] in a venv there, starts the same command on all workers (--worker=all; JAX's
-# distributed runtime finds its peers by itself on TPU) and streams the logs, then deletes the
-# slice unless --keep. --dry-run prints every gcloud command instead of running it.
+# waits until it is ACTIVE), copies this checkout to every worker, runs launch/setup_worker.sh
+# there (a Python >= 3.11 venv with requirements.txt and jax[tpu], on images that ship 3.10),
+# starts the same command on all workers through launch/run_worker.sh (--worker=all; JAX's
+# distributed runtime finds its peers by itself on TPU; each worker's log lands in
+# WORKDIR/logs/), streams the logs, then deletes the slice unless --keep. --dry-run prints
+# every gcloud command instead of running it.
 # Phase 2: run again with --config=configs/bert_base.py:phase2, a new --workdir and
 # --config.train.init_from=gs://BUCKET/base_p1. A preempted run resumes by running the same
 # command again (checkpoints and data positions live in the gs:// workdir).
@@ -42,7 +44,6 @@ printf '%s\n' "$@" | grep -q '^--workdir=gs://' || echo "warning: --workdir is n
 common=(--zone="$zone")
 [ -n "$project" ] && common+=(--project="$project")
 main_flags=$(printf '%q ' "$@")
-jax_version=$(sed -n 's/^jax==//p' requirements.txt)
 
 run() {  # run or (with --dry-run) print a command
   if [ $dry = 1 ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
@@ -74,12 +75,13 @@ run git archive --format=tar.gz -o "$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$tpu:bert_jax.tgz" --worker=all "${common[@]}"
 run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
 rm -rf bert_jax && mkdir bert_jax && tar xzf bert_jax.tgz -C bert_jax && cd bert_jax && \
-python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt 'jax[tpu]==$jax_version'"
+bash launch/setup_worker.sh"
 
-# 3. Train on all workers; logs stream back (worker 0 prints the progress bar and metrics).
+# 3. Train on all workers; logs stream back (worker 0 prints the progress bar and metrics) and
+# every worker's log is kept in WORKDIR/logs/<hostname>.log.
 status=0
 run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
-cd bert_jax && .venv/bin/python -m bert_jax.main --tpu $main_flags" || status=$?
+cd bert_jax && bash launch/run_worker.sh --tpu $main_flags" || status=$?
 
 # 4. Clean up.
 if [ $keep = 0 ]; then
