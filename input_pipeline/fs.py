@@ -102,8 +102,9 @@ def _reported(path: str, action: str) -> Iterator[None]:
   try:
     yield
   except FileNotFoundError as e:
-    raise FileNotFoundError(f'{path}: cannot {action}: no such file, directory or bucket'
-                            + (f'; {_GCS_HELP}' if is_url(path) else '')) from e
+    raise FileNotFoundError(f'{path}: cannot {action}: no such file, directory or bucket; '
+                            + (_GCS_HELP if is_url(path) else
+                               'check the path, or choose a location you can write to')) from e
   except PermissionError as e:
     raise PermissionError(f'{path}: cannot {action}: permission denied; '
                           + (_GCS_HELP if is_url(path) else 'check the directory\'s owner and '

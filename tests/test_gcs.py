@@ -151,3 +151,14 @@ def test_reader_chunks_on_gs_match_local(gcs, tmp_path):
            for r in tfrecord.records_in_range(remote, start, min(start + chunk, size), size)]
     assert got == records
   assert tfrecord.read_all(local) == records
+
+
+def test_data_creation_names_a_missing_bucket(gcs, tmp_path):
+  from input_pipeline import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
+  from input_pipeline.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'a.txt').write_text('One sentence here.\nAnother one.\n')
+  job = cpd.Job(output_file='gs://no-such-bucket/out', masking=MaskingConfig(64, 10),
+                vocab_file=os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt'),
+                input_file=str(tmp_path / 'a.txt'))
+  with pytest.raises(OSError, match='gs://no-such-bucket.*cannot write.*check the bucket name'):
+    cpd.run(job)

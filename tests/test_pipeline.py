@@ -773,3 +773,24 @@ def test_dynamic_whole_word_masking_masks_whole_words(tokenizer):
   assert continuation_pieces > 5
   with pytest.raises(ValueError, match='whole_word_masking needs the tokenizer'):
     data_lib.make_dataset(dataclasses.replace(cfg, vocab_file=''), training=True)
+
+
+def test_data_creation_that_writes_nothing_fails_and_says_what_it_read(tmp_path):
+  (tmp_path / 'empty.txt').write_text('')
+  (tmp_path / 'blank.txt').write_text('\n\n   \n')
+  job = cpd.Job(output_file=str(tmp_path / 'out'), masking=MaskingConfig(64, 10),
+                vocab_file=VOCAB, input_file=str(tmp_path / '*.txt'))
+  with pytest.raises(ValueError, match=r"wrote nothing, because .*\*.txt \(2 files, 2 empty, "
+                                       r"3 lines, 0 skipped lines, 0 documents\) gave no "
+                                       r"instance"):
+    cpd.run(job)
+  assert sorted(os.listdir(tmp_path)) == ['blank.txt', 'empty.txt']  # no empty shards
+
+
+def test_data_creation_names_an_unwritable_output_before_working(tmp_path):
+  (tmp_path / 'a.txt').write_text('One sentence here.\nAnother one.\n')
+  job = cpd.Job(output_file='/proc/nope/out', masking=MaskingConfig(64, 10), vocab_file=VOCAB,
+                input_file=str(tmp_path / 'a.txt'))
+  with pytest.raises(OSError, match='/proc/nope: cannot create the directory: .*choose a '
+                                    'location you can write to'):
+    cpd.run(job)
