@@ -26,6 +26,9 @@ _MASK_DELTA = 0xA282EAD8
 _HEADER = 12  # uint64 length + masked crc of it
 _FOOTER = 4  # masked crc of the data
 _READAHEAD = 1 << 14  # bytes read past a chunk's end for its last record (more on demand)
+_U64, _U32 = struct.Struct('<Q'), struct.Struct('<I')
+_SCAN = 1 << 12  # bytes scanned at a time for a chunk's first record
+_LITTLE_ENDIAN = np.uint64(1) << (np.arange(8, dtype=np.uint64) * 8)
 
 
 def _masked_crc(data: bytes) -> bytes:
@@ -90,38 +93,49 @@ class _Window:
     return self.data[start - self.base:stop - self.base]
 
 
+def _masked_crc_int(data) -> int:
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
 def _record_at(window: _Window, p: int) -> bytes | None:
-  """The record starting at absolute offset p, or None if p is not a record boundary."""
-  if not window.ensure(p + _HEADER):
+  """The record starting at absolute offset p, or None if p is not a record boundary. (The
+  hot loop of reading: plain integer and slice work, no copies but the record's own.)"""
+  i = p - window.base
+  if i + _HEADER > len(window.data) and not window.ensure(p + _HEADER):
     return None
-  header = window.bytes(p, p + _HEADER)
-  if _masked_crc(header[:8]) != header[8:]:
+  data = window.data
+  if _masked_crc_int(data[i:i + 8]) != _U32.unpack_from(data, i + 8)[0]:
     return None
-  (length,) = struct.unpack('<Q', header[:8])
-  stop = p + _HEADER + length + _FOOTER
-  if not window.ensure(stop):
-    return None
-  data = window.bytes(p + _HEADER, stop - _FOOTER)
-  return data if _masked_crc(data) == window.bytes(stop - _FOOTER, stop) else None
+  (length,) = _U64.unpack_from(data, i)
+  stop = i + _HEADER + length + _FOOTER
+  if stop > len(data):
+    if not window.ensure(p + _HEADER + length + _FOOTER):
+      return None
+    data = window.data
+  record = data[i + _HEADER:stop - _FOOTER]
+  return record if _masked_crc_int(record) == _U32.unpack_from(data, stop - _FOOTER)[0] else None
 
 
 def _first_boundary(window: _Window, start: int, end: int) -> int | None:
-  """The first record boundary in [start, end): candidates whose length fits in the file are
-  found vectorised, then confirmed by both CRCs."""
-  window.ensure(min(end + _HEADER, window.file_size))
-  raw = np.frombuffer(window.data, np.uint8)
-  lo = start - window.base
-  hi = min(end - window.base, len(raw) - _HEADER + 1)
-  if hi <= lo:
-    return None
-  octets = np.lib.stride_tricks.sliding_window_view(raw[lo:hi + 7], 8)[:hi - lo]
-  lengths = octets.astype(np.uint64) @ (np.uint64(1) << (np.arange(8, dtype=np.uint64) * 8))
-  offsets = np.arange(lo, hi) + window.base
-  room = window.file_size - offsets - _HEADER - _FOOTER
-  fits = (room >= 0) & (lengths <= np.maximum(room, 0).astype(np.uint64))
-  for p in offsets[fits]:
-    if _record_at(window, int(p)) is not None:
-      return int(p)
+  """The first record boundary in [start, end), scanned in small steps (it is usually within
+  one record of `start`): candidates whose length fits in the file are found vectorised, then
+  confirmed by both CRCs."""
+  for lo in range(start, end, _SCAN):
+    hi = min(lo + _SCAN, end)
+    window.ensure(min(hi + 8, window.file_size))
+    raw = np.frombuffer(window.data, np.uint8)
+    a, b = lo - window.base, min(hi - window.base, len(raw) - 8)
+    if b <= a:
+      return None
+    octets = np.lib.stride_tricks.sliding_window_view(raw[a:b + 7], 8)
+    lengths = octets.astype(np.uint64) @ _LITTLE_ENDIAN
+    offsets = np.arange(lo, lo + (b - a))
+    room = window.file_size - offsets - _HEADER - _FOOTER
+    fits = (room >= 0) & (lengths <= np.maximum(room, 0).astype(np.uint64))
+    for p in offsets[fits]:
+      if _record_at(window, int(p)) is not None:
+        return int(p)
   return None
 
 
@@ -146,9 +160,9 @@ def records_in_range(path: str, start: int, end: int, file_size: int) -> list[by
 def _header_fits(window: _Window, p: int) -> bool:
   if not window.ensure(p + _HEADER):
     return False
-  header = window.bytes(p, p + _HEADER)
-  (length,) = struct.unpack('<Q', header[:8])
-  return (_masked_crc(header[:8]) == header[8:] and
+  i = p - window.base
+  (length,) = _U64.unpack_from(window.data, i)
+  return (_masked_crc_int(window.data[i:i + 8]) == _U32.unpack_from(window.data, i + 8)[0] and
           p + _HEADER + length + _FOOTER <= window.file_size)
 
 
