@@ -6,7 +6,8 @@
 #       --config.data.train_files='data/train-*'
 #
 # Env: DEVICES (per process, default 4), PORT (coordinator, default 12355), PYTHON.
-# Process 0 prints to the console; every process logs to WORKDIR/logs/process_<i>.log.
+# Process 0 prints to the console; every process logs to WORKDIR/logs/process_<i>.log (a gs://
+# WORKDIR gets them when the processes end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
@@ -19,7 +20,10 @@ port=${PORT:-12355}
 py=${PYTHON:-.venv/bin/python}
 workdir=$(printf '%s\n' "$@" | sed -n 's/^--workdir=//p' | tail -1)
 [ -n "$workdir" ] || { echo "$0: --workdir=... is required" >&2; exit 2; }
-mkdir -p "$workdir/logs"
+case "$workdir" in
+  *://*) logs=$(mktemp -d -t bert_jax_pod_logs.XXXXXX) ;;  # copied to WORKDIR/logs at the end
+  *) logs="$workdir/logs"; mkdir -p "$logs" ;;
+esac
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup INT TERM
@@ -27,10 +31,15 @@ for ((i = num - 1; i >= 0; i--)); do
   env XLA_FLAGS="--xla_force_host_platform_device_count=$devices" JAX_PLATFORMS=cpu \
     JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo \
     "$py" -m bert_jax.main "$@" --coordinator_address="localhost:$port" \
-    --num_processes="$num" --process_id="$i" > "$workdir/logs/process_$i.log" 2>&1 &
+    --num_processes="$num" --process_id="$i" > "$logs/process_$i.log" 2>&1 &
   pids+=($!)
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=$?; done
-cat "$workdir/logs/process_0.log"
+if [ "$logs" != "$workdir/logs" ]; then
+  for ((i = 0; i < num; i++)); do
+    "$py" -m input_pipeline.fs cp "$logs/process_$i.log" "$workdir/logs/process_$i.log" || true
+  done
+fi
+cat "$logs/process_0.log"
 exit $status

@@ -22,6 +22,7 @@ from input_pipeline import corpus, fs, tfrecord
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = 'gs://bert-jax-test'
+VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 
 
 @pytest.fixture(scope='module')
@@ -158,7 +159,29 @@ def test_data_creation_names_a_missing_bucket(gcs, tmp_path):
   from input_pipeline.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
   (tmp_path / 'a.txt').write_text('One sentence here.\nAnother one.\n')
   job = cpd.Job(output_file='gs://no-such-bucket/out', masking=MaskingConfig(64, 10),
-                vocab_file=os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt'),
+                vocab_file=VOCAB,
                 input_file=str(tmp_path / 'a.txt'))
   with pytest.raises(OSError, match='gs://no-such-bucket.*cannot write.*check the bucket name'):
     cpd.run(job)
+
+
+def test_two_processes_share_a_gs_workdir(gcs):
+  """A multi-host run's one shared directory: both processes write their Orbax shards and their
+  data-iterator state into the same gs:// step directories, and their logs land there too."""
+  data, workdir = f'{BUCKET}/pod-data', f'{BUCKET}/pod'
+  corpus.write_text_file(list(corpus.embedded_documents())[:200], f'{data}/text.txt')
+  run(['input_pipeline.create_pretraining_data', f'--input_file={data}/text.txt',
+       f'--output_file={data}/train', f'--vocab_file={VOCAB}', '--max_seq_length=64',
+       '--max_predictions_per_seq=10', '--num_shards=2', '--window_chars=20000'])
+  flags = [a for a in train_args(workdir, data, steps=6)[1:]
+           if not a.startswith(('--config.data.eval_files', '--config.data.vocab_file'))]
+  flags += ['--config.model.vocab_size=30522', '--config.mesh=(2,2,1)']
+  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT='12477', JAX_PLATFORMS='cpu')
+  pod = subprocess.run(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=400)
+  assert pod.returncode == 0, pod.stdout[-3000:] + pod.stderr[-3000:]
+  assert sorted(losses(workdir)) == list(range(1, 7))
+  for step in (4, 6):
+    for i in (0, 1):
+      assert fs.exists(f'{workdir}/checkpoints/{step}/data/process_{i}/it.index'), (step, i)
+  assert {'process_0.log', 'process_1.log'} <= set(fs.listdir(f'{workdir}/logs'))
