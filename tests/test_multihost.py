@@ -30,7 +30,7 @@ def test_two_processes_give_the_same_losses_as_one(data, tmp_path):  # noqa: F81
   assert pod.returncode == 0, pod.stdout[-3000:] + pod.stderr[-3000:]
   a, b = logged_losses(str(tmp_path / 'one')), logged_losses(str(tmp_path / 'two'))
   assert sorted(a) == sorted(b) == list(range(1, 9))
-  np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], atol=2e-5)
+  np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], rtol=3e-6, atol=0)  # ~8
   # Both processes saved their data-iterator position into the same step directory.
   step_dir = tmp_path / 'two' / 'checkpoints' / '8' / 'data'
   assert {p.name for p in step_dir.iterdir() if p.name.startswith('process_')} == {

@@ -63,14 +63,15 @@ def _losses(mesh_shape, n_devices, steps=20, accum=1):
 
 
 def test_one_device_and_a_2x2x2_mesh_give_the_same_losses_for_20_steps():
-  """Dropout on. Tolerance 2e-5 absolute on losses ~11: float32 reduction order only.
+  """Dropout on. Tolerance 2e-6 of the loss (~11): float32 reduction order only, which
+  differs between meshes and between CPU kinds' kernels, so the bound scales with the value.
 
   This also guards an XLA partitioner bug (wrong mlm_transform gradient on 3-axis meshes)
   that the model's MLM-head sharding constraint works around.
   """
   single = _losses((1, 1, 1), 1)
   mesh = _losses((2, 2, 2), 8)
-  np.testing.assert_allclose(single, mesh, atol=2e-5, rtol=0)
+  np.testing.assert_allclose(single, mesh, rtol=2e-6, atol=0)
   assert single[-1] < single[0]
 
 

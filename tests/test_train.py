@@ -148,8 +148,9 @@ def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
   run(6, (2, 2, 2), 'moved')
   run(12, (1, 8, 1), 'moved')
   a, b = logged_losses(str(tmp_path / 'ref')), logged_losses(str(tmp_path / 'moved'))
+  # Other meshes sum in other orders: equal to float32 round-off at the losses' scale.
   np.testing.assert_allclose([a[s] for s in range(7, 13)], [b[s] for s in range(7, 13)],
-                             atol=2e-5)
+                             rtol=3e-6, atol=0)
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
