@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -356,34 +354,9 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
   directory cannot be renamed, the files are uploaded one by one with `config.json` last: a
   reader that finds it finds the rest. `tokenizer` is anything with `save_pretrained(dir)`.
   """
-  path = fs.absolute(path)
-  if fs.exists(path) and not overwrite and fs.listdir(path):
-    raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
-                          'another directory')
   state = params_to_hf(params, cfg)  # converts (and so validates) before anything is written
-  if fs.is_url(path):
-    with tempfile.TemporaryDirectory(prefix='bert_jax_export_') as tmp:
-      _write_export(tmp, cfg, state, tokenizer)
-      for name in sorted(os.listdir(tmp), key=lambda n: n == 'config.json'):
-        with open(os.path.join(tmp, name), 'rb') as f:
-          fs.write_bytes(fs.join(path, name), f.read())
-    return path
-  parent = os.path.dirname(path)
-  fs.makedirs(parent)
-  tmp = tempfile.mkdtemp(prefix='.export-', dir=parent)
-  try:
-    _write_export(tmp, cfg, state, tokenizer)
-    old = None
-    if os.path.exists(path):
-      old = tempfile.mkdtemp(prefix='.old-export-', dir=parent)
-      os.rename(path, os.path.join(old, 'x'))
-    os.rename(tmp, path)
-    if old:
-      shutil.rmtree(old, ignore_errors=True)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return path
+  return fs.publish_dir(path, lambda d: _write_export(d, cfg, state, tokenizer),
+                        overwrite=overwrite)
 
 
 def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -25,6 +23,7 @@ import numpy as np
 from bert_jax import heads, hf, model
 from bert_jax.heads import HEAD_PARAM, SEQUENCE, SPAN, TOKEN, Head
 from bert_jax.model import BertConfig
+from input_pipeline import fs
 
 ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
                  SPAN: 'BertForQuestionAnswering'}
@@ -139,31 +138,6 @@ def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
 # ----------------------------------------------------------------------------- files
 
 
-def _write_atomically(path: str, overwrite: bool, write: Callable[[str], None]) -> str:
-  """Run `write(tmp_dir)` and rename the result into `path`, as `hf.save_pretrained` does:
-  a failure leaves no half-written directory and an existing export intact."""
-  path = os.path.abspath(path)
-  if os.path.exists(path) and not overwrite and os.listdir(path):
-    raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
-                          'another directory')
-  parent = os.path.dirname(path)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix='.export-', dir=parent)
-  try:
-    write(tmp)
-    old = None
-    if os.path.exists(path):
-      old = tempfile.mkdtemp(prefix='.old-export-', dir=parent)
-      os.rename(path, os.path.join(old, 'x'))
-    os.rename(tmp, path)
-    if old:
-      shutil.rmtree(old, ignore_errors=True)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return path
-
-
 def save_finetuned(path: str, cfg: BertConfig, head: Head, params, tokenizer=None,
                    overwrite: bool = False) -> str:
   """Write an HF `BertFor<Task>` directory (config.json, model.safetensors, tokenizer files)
@@ -184,4 +158,4 @@ def save_finetuned(path: str, cfg: BertConfig, head: Head, params, tokenizer=Non
     if tokenizer is not None:
       tokenizer.save_pretrained(tmp)
 
-  return _write_atomically(path, overwrite, write)
+  return fs.publish_dir(path, write, overwrite=overwrite)

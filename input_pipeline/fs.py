@@ -315,6 +315,41 @@ def download_dir(source: str, local_dir: str) -> None:
       out.write(read_bytes(_url(fs, f)))
 
 
+def publish_dir(path: str, write, *, overwrite: bool = False, last: str = 'config.json') -> str:
+  """Build a directory with `write(local_dir)` and publish it at `path` (local or URL); returns
+  `path`. Locally it is built in a sibling temporary directory and renamed into place, so a
+  failure leaves no half-written directory and an existing one intact. On an object store,
+  where a directory cannot be renamed, the files are uploaded one by one with `last` at the
+  end: a reader that finds it finds the rest."""
+  path = absolute(path)
+  if exists(path) and not overwrite and listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty; pass overwrite=True or choose '
+                          'another directory')
+  if is_url(path):
+    with tempfile.TemporaryDirectory(prefix='bert_jax_publish_') as tmp:
+      write(tmp)
+      for name in sorted(os.listdir(tmp), key=lambda n: n == last):
+        with open(os.path.join(tmp, name), 'rb') as f:
+          write_bytes(join(path, name), f.read())
+    return path
+  parent = os.path.dirname(path)
+  makedirs(parent)
+  tmp = tempfile.mkdtemp(prefix='.publish-', dir=parent)
+  try:
+    write(tmp)
+    old = None
+    if os.path.exists(path):
+      old = tempfile.mkdtemp(prefix='.old-', dir=parent)
+      os.rename(path, os.path.join(old, 'x'))
+    os.rename(tmp, path)
+    if old:
+      shutil.rmtree(old, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return path
+
+
 @contextlib.contextmanager
 def staged_dir(target: str) -> Iterator[str]:
   """A local directory for a library that writes only local files (TF checkpoints, the
