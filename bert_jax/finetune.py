@@ -23,6 +23,7 @@ majority-class (mean, no-answer) baseline go to `<workdir>/results.json` and `re
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import time
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import app, flags, logging
@@ -177,33 +179,57 @@ def best_epoch_index(history: list[dict], split: str) -> int | None:
 # ----------------------------------------------------------------------------- one seed
 
 
-class Program:
-  """What every seed of a run shares: the step geometry, optimizer, shardings and the jitted
-  steps (compiled once for all seeds, on first use: a finished run compiles nothing)."""
+class Steps:
+  """The optimizer, shardings and jitted steps of one (model, head, optimizer, run length,
+  mesh), each jitted on first use."""
 
-  def __init__(self, config, task, start, mesh, rules, eval_batch: int):
-    t = config.train
-    self.cfg, self.head, self.kind = start.cfg, task.head, task.kind
-    self.mesh, self.rules, self.eval_batch = mesh, rules, eval_batch
-    self.batch = t.batch_size
-    self.steps_per_epoch = -(-task.num_train // self.batch)
-    self.total_steps = self.steps_per_epoch * t.num_epochs
-    self.stop_step = min(t.stop_after_epoch or t.num_epochs, t.num_epochs) * self.steps_per_epoch
-    self.tx, self.schedule = optim.from_config(config.optimizer, self.total_steps)
-    self.shardings = fst.state_shardings(self.cfg, self.head, self.tx, mesh, rules)
+  def __init__(self, cfg, head, kind: str, optimizer_json: str, total_steps: int, mesh, rules):
+    self.cfg, self.head, self.kind, self.mesh, self.rules = cfg, head, kind, mesh, rules
+    self.tx, self.schedule = optim.from_config(
+        ml_collections.ConfigDict(json.loads(optimizer_json)), total_steps)
+    self.shardings = fst.state_shardings(cfg, head, self.tx, mesh, rules)
     self._train_step = self._predict = None
 
   def train_step(self, state, batch):
     if self._train_step is None:
       self._train_step = fst.jit_train_step(self.cfg, self.head, self.kind, self.tx,
                                             self.schedule, self.mesh, self.rules, self.shardings)
-    return self._train_step(state, shd.global_batch(batch, self.mesh))
+    return self._train_step(state, batch)
 
-  def predict(self, params, arrays: dict) -> dict:
+  def predict(self, params, batch):
     if self._predict is None:
       self._predict = fst.jit_predict_step(self.cfg, self.head, self.mesh, self.rules,
                                            self.shardings)
-    return predict_all(self._predict, params, arrays, self.eval_batch, self.mesh)
+    return self._predict(params, batch)
+
+
+@functools.lru_cache(maxsize=4)
+def steps_for(*key) -> Steps:
+  """One `Steps` per distinct key in this process: seeds, a resumed call and repeated runs
+  in one process (a notebook, the tests) that agree on everything compile once."""
+  return Steps(*key)
+
+
+class Program:
+  """What every seed of a run shares: the step geometry and the compiled steps."""
+
+  def __init__(self, config, task, start, mesh, rules, eval_batch: int):
+    t = config.train
+    self.mesh, self.eval_batch = mesh, eval_batch
+    self.batch = t.batch_size
+    self.steps_per_epoch = -(-task.num_train // self.batch)
+    self.total_steps = self.steps_per_epoch * t.num_epochs
+    self.stop_step = min(t.stop_after_epoch or t.num_epochs, t.num_epochs) * self.steps_per_epoch
+    self.steps = steps_for(start.cfg, task.head, task.kind, config.optimizer.to_json(),
+                           self.total_steps, mesh, rules)
+    self.tx, self.shardings = self.steps.tx, self.steps.shardings
+    self.cfg, self.head = start.cfg, task.head
+
+  def train_step(self, state, batch):
+    return self.steps.train_step(state, shd.global_batch(batch, self.mesh))
+
+  def predict(self, params, arrays: dict) -> dict:
+    return predict_all(self.steps.predict, params, arrays, self.eval_batch, self.mesh)
 
   def abstract_state(self):
     return checkpointing.abstract_like(self.shardings,

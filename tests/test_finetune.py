@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 
@@ -174,11 +175,27 @@ def test_classification_learns_reports_seeds_and_exports_what_transformers_loads
   assert np.mean(out.logits.numpy().argmax(-1) == labels) == run['scores']['dev']['accuracy']
 
 
-def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_path):
-  """Stopped after epoch 1 (as a time-limited job would be), the same command continues to
-  the same params, losses and scores as seed 0 of the uninterrupted 3-epoch run."""
+def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_path, monkeypatch):
+  """SIGTERM during step 5 (saved there), then stopped after epoch 1 (as a time-limited job
+  would be), the same command continues to the same params, losses and scores as seed 0 of
+  the uninterrupted 3-epoch run."""
   files, whole_dir, whole = classified
   workdir = str(tmp_path / 'resumed')
+  real_step, steps = finetune.Program.train_step, []
+
+  def step_then_sigterm(self, state, batch):
+    out = real_step(self, state, batch)
+    steps.append(1)
+    if len(steps) == 5:
+      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
+    return out
+
+  monkeypatch.setattr(finetune.Program, 'train_step', step_then_sigterm)
+  preempted = finetune.run(generic_config(files, start_dir), workdir)
+  monkeypatch.undo()
+  assert preempted['runs'][0]['step'] == 5 and not preempted['complete']
+  assert preempted['runs'][0]['best_epoch'] is None
+  assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 5
   first = finetune.run(generic_config(files, start_dir, **{'train.stop_after_epoch': 1}),
                        workdir)
   assert not first['complete'] and first['runs'][0]['epochs_done'] == 1
@@ -359,7 +376,8 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
   out = run_cli(tmp_path / 'run', '--config=configs/finetune.py:generic', f'--init={start_dir}',
                 f'--config.data.train_file={files["train"]}',
                 f'--config.data.dev_file={files["dev"]}', '--config.train.num_epochs=1',
-                '--config.data.max_seq_length=32', '--config.export=False')
+                '--config.data.max_seq_length=32', '--config.export=False',
+                '--config.model.dtype=bfloat16')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
   assert 'seed 0: 6/6 step (100%)' in out.stderr
