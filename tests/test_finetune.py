@@ -447,3 +447,60 @@ def test_squad_v1_config_refuses_a_v2_file(start_dir, tmp_path):
                                        'squad_v2'):
     finetune.run(config('squad', start_dir, **{'data.train_file': str(path),
                                                'data.dev_file': str(path)}), str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- task plumbing
+
+
+def test_mnli_splits_scores_in_a_heads_label_order_and_leaderboard_files(start_dir, tmp_path):
+  """MNLI from the GLUE root: matched and mismatched dev, both test files and the AX
+  diagnostic; with a start point's label order, GLUE's metrics still see GLUE's ids."""
+  root = tmp_path / 'glue'
+  (root / 'MNLI').mkdir(parents=True)
+  (root / 'diagnostic').mkdir()
+  names = ('contradiction', 'entailment', 'neutral')
+  labelled = [(i, f'a film {i}', 'the plot', names[i % 3]) for i in range(6)]
+  unlabelled = [(i, 'a film', 'the plot') for i in range(4)]
+  for split in ('train', 'dev_matched', 'dev_mismatched'):
+    write_table(root / 'MNLI' / f'{split}.tsv', labelled,
+                ('index', 'sentence1', 'sentence2', 'gold_label'))
+  for path in ('MNLI/test_matched', 'MNLI/test_mismatched', 'diagnostic/diagnostic'):
+    write_table(root / f'{path}.tsv', unlabelled, ('index', 'sentence1', 'sentence2'))
+  c = config('mnli', start_dir, **{'data.glue_dir': str(root)})
+  records = finetune_tasks.read_task(c)
+  assert [(s.name, s.role, s.glue_name) for s in records.splits] == [
+      ('dev_matched', 'dev', 'MNLI-m'), ('dev_mismatched', 'dev', 'MNLI-mm'),
+      ('test_matched', 'test', 'MNLI-m'), ('test_mismatched', 'test', 'MNLI-mm'),
+      ('test_ax', 'test', 'AX')]
+  order = ('neutral', 'entailment', 'contradiction')  # as a start point's head might have it
+  tok = start_points.load_start_point(start_dir).tokenizer
+  task = finetune_tasks.featurize(records, order, tok, c.data)
+  dev = task.evals[0]
+  gold = np.eye(3)[dev.arrays['labels']]
+  assert task.score(dev, {'logits': gold})['accuracy'] == 1.0
+  assert task.score(dev, {'logits': np.roll(gold, 1, axis=1)})['accuracy'] == 0.0
+  assert task.baseline(dev)['accuracy'] == pytest.approx(1 / 3)
+  assert task.headline_name(dev) == 'accuracy' and task.select_split is dev
+  path = task.write_submission(task.evals[4], {'logits': np.eye(3)[[0, 1, 2, 0]]},
+                               str(tmp_path / 'sub'))
+  assert open(path).read().splitlines()[1:] == [
+      '0\tneutral', '1\tentailment', '2\tcontradiction', '3\tneutral']
+
+
+def test_squad_v2_no_answer_baseline_and_positions(start_dir, tmp_path):
+  data = json.loads(squad_json(random.Random(6), 8, 'q'))
+  for p in data['data'][0]['paragraphs'][:2]:  # two unanswerable questions of eight
+    p['qas'][0].update(answers=[], is_impossible=True)
+  path = tmp_path / 'v2.json'
+  path.write_text(json.dumps(data))
+  c = config('squad_v2', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path),
+                                       'data.max_seq_length': 48, 'data.max_query_length': 16})
+  records = finetune_tasks.read_task(c)
+  task = finetune_tasks.featurize(records, (), start_points.load_start_point(start_dir).tokenizer,
+                                  c.data)
+  assert task.head.task == heads.SPAN and task.squad_v2
+  starts = task.train['start_positions']
+  assert (starts[:2] == 0).all() and (starts[2:] > 0).all()  # impossible -> [CLS]
+  baseline = task.baseline(task.evals[0])
+  assert baseline['exact'] == 25.0 and baseline['NoAns_exact'] == 100.0
+  assert baseline['HasAns_exact'] == 0.0
