@@ -9,7 +9,8 @@ or a Google TF checkpoint; its tokenizer and casing come with it. Training runs 
 mesh, sharding rules, optimizer code and Orbax checkpoints as pre-training.
 
 Each seed trains in `<workdir>/seed_<s>/` (checkpoints/, metrics.jsonl, tensorboard/, GLUE
-leaderboard files in glue_submission/). Checkpoints are written at every epoch end (and on
+leaderboard files in glue_submission/, other unlabelled test splits' predictions in
+predictions/). Checkpoints are written at every epoch end (and on
 SIGTERM, at the next step); the batches of an epoch are a permutation drawn from (seed,
 epoch) and dropout keys from the step, so a restarted command continues exactly where the
 last checkpoint left off. Every epoch is scored on the dev split(s); the best epoch so far
@@ -248,7 +249,7 @@ class SeedRun:
     self.is_chief = jax.process_index() == 0
     self.history: list[dict] = []
     self.epoch_loss = [0.0, 0]  # loss sum and steps of the epoch in progress
-    self.submissions: list[str] = []
+    self.prediction_files: list[str] = []
     self._throughput = None
 
   # ------------------------------------------------------------------- checkpoints
@@ -263,7 +264,7 @@ class SeedRun:
 
   def _progress_item(self) -> dict:
     return {'history': self.history, 'epoch_loss': self.epoch_loss,
-            'submissions': self.submissions, 'geometry': self._geometry()}
+            'prediction_files': self.prediction_files, 'geometry': self._geometry()}
 
   def _geometry(self) -> dict:
     """What a checkpoint's step means: a resumed run must agree, or its batches and
@@ -298,7 +299,7 @@ class SeedRun:
       saved = restored['progress']
       self._check_geometry(saved['geometry'])
       self.history, self.epoch_loss = saved['history'], list(saved['epoch_loss'])
-      self.submissions = list(saved['submissions'])
+      self.prediction_files = list(saved['prediction_files'])
       logging.info('seed %d: resumed from step %d (%d epochs done)', self.seed, latest,
                    len(self.history))
       return restored['state']
@@ -378,16 +379,15 @@ class SeedRun:
 
   def _on_best(self, state, record) -> None:
     record['best'] = True
-    self.submissions = []
+    self.prediction_files = []
     for split in self.task.evals:
       if split.role != 'test':
         continue
       outputs = self.program.predict(state.params, split.arrays)
       if split.labelled:
         record['scores'][split.name] = self.task.score(split, outputs)
-      elif split.glue_name and self.is_chief:
-        self.submissions.append(self.task.write_submission(
-            split, outputs, fs.join(self.dir, 'glue_submission')))
+      elif self.is_chief:
+        self.prediction_files.append(self.task.write_predictions(split, outputs, self.dir))
     if self.export_dir:
       self._export(state)
 
@@ -423,7 +423,8 @@ class SeedRun:
     best = best_epoch_index(self.history, self.task.select_split.name)
     out = {'seed': self.seed, 'epochs_done': len(self.history), 'step': step,
            'complete': step >= self.program.total_steps, 'best_epoch': None, 'scores': {},
-           'history': self.history, 'export': None, 'submission': self.submissions}
+           'history': self.history, 'export': None,
+           'prediction_files': self.prediction_files}
     if best is not None:
       out['best_epoch'] = self.history[best]['epoch']
       out['scores'] = self.history[best]['scores']
@@ -520,7 +521,7 @@ def summarize(config, task, seeds: list[int], runs: list[dict]) -> dict:
           'baseline_kind': BASELINE_NAMES[task.kind], 'selected_on': task.select_split.name,
           'complete': len(runs) == len(seeds) and all(r['complete'] for r in runs),
           'splits': splits, 'runs': runs,
-          'submissions': [p for r in runs for p in r['submission']]}
+          'prediction_files': [p for r in runs for p in r['prediction_files']]}
 
 
 def spread(values: list[dict]) -> dict:
@@ -567,8 +568,8 @@ def markdown(results: dict) -> str:
   exports = [r['export'] for r in results['runs'] if r['export']]
   if exports:
     lines += ['', 'Exported (best epoch): ' + ', '.join(exports)]
-  if results['submissions']:
-    lines += ['', 'GLUE leaderboard files: ' + ', '.join(results['submissions'])]
+  if results['prediction_files']:
+    lines += ['', 'Test predictions (best epoch): ' + ', '.join(results['prediction_files'])]
   return '\n'.join(lines) + '\n'
 
 

@@ -5,7 +5,7 @@ that carries a classifier fixes the label order its rows were trained in):
 
   records = read_task(config)                      # readers of input_pipeline, per task
   task = featurize(records, labels, tokenizer, config.data, do_lower_case)
-  task.score(split, outputs) / task.baseline(split) / task.submission(split, outputs)
+  task.score(split, outputs) / task.baseline(split) / task.write_predictions(split, ...)
 
 Every task has one `train` array set and a list of `EvalSplit`s: the dev splits (the first
 selects the best epoch; MNLI adds mismatched) and the test splits (scored when labelled, MR's
@@ -253,6 +253,7 @@ class Task:
   data_config: Any
   do_lower_case: bool = True
   squad_v2: bool = False
+  _baselines: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @property
   def num_train(self) -> int:
@@ -292,7 +293,13 @@ class Task:
     return self.score_predictions(split, self.predictions(split, outputs))
 
   def baseline(self, split: EvalSplit) -> dict[str, float]:
-    """The score of a model that ignores its input (see the module docstring)."""
+    """The score of a model that ignores its input (see the module docstring), computed
+    once per split."""
+    if split.name not in self._baselines:
+      self._baselines[split.name] = self._baseline(split)
+    return self._baselines[split.name]
+
+  def _baseline(self, split: EvalSplit) -> dict[str, float]:
     n = len(split.records)
     if self.kind == CLASSIFICATION:
       ids = self.train['labels'][self.train['label_weights'] > 0]
@@ -330,16 +337,28 @@ class Task:
     accuracy = metrics.accuracy(labels, predictions)
     return {'accuracy': accuracy, 'headline': accuracy}
 
-  def write_submission(self, split: EvalSplit, outputs: dict[str, np.ndarray],
-                       directory: str) -> str:
-    """GLUE leaderboard file `<directory>/<name>.tsv` of an unlabelled test split."""
+  def write_predictions(self, split: EvalSplit, outputs: dict[str, np.ndarray],
+                        directory: str) -> str:
+    """An unlabelled test split's predictions under `directory`: GLUE's leaderboard file
+    (`glue_submission/<name>.tsv`), else `predictions/<split>.tsv` (`index<TAB>prediction`,
+    the row's index in its file)."""
+    if self.kind not in (CLASSIFICATION, REGRESSION):
+      raise ValueError(f'{split.name}: unlabelled {self.kind} splits are not predicted')
     predictions = self.predictions(split, outputs)
     if self.kind == CLASSIFICATION:
       predictions = [self.labels[int(p)] for p in predictions]
     indices = [e.index for e in split.records]
-    with fs.staged_dir(directory) as local:
-      glue.write_glue_submission(local, split.glue_name, indices, predictions)
-    return fs.join(directory, f'{split.glue_name}.tsv')
+    if split.glue_name:
+      target = fs.join(directory, 'glue_submission')
+      with fs.staged_dir(target) as local:
+        glue.write_glue_submission(local, split.glue_name, indices, predictions)
+      return fs.join(target, f'{split.glue_name}.tsv')
+    path = fs.join(directory, 'predictions', f'{split.name}.tsv')
+    fs.makedirs(fs.dirname(path))
+    fs.write_text(path, 'index\tprediction\n' + ''.join(
+        f'{i}\t{p if isinstance(p, str) else f"{float(p):.6g}"}\n'
+        for i, p in zip(indices, predictions)))
+    return path
 
 
 def featurize(records: TaskRecords, labels: tuple[str, ...], tokenizer, d,

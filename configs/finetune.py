@@ -28,7 +28,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   if task not in TASKS:
     raise ValueError(f'configs/finetune.py:{task}: unknown task; expected one of {TASKS}')
   c = ml_collections.ConfigDict()
-  c.task = task
+  c.task = task  # selects the readers, head, loss and metrics (set by :<task>)
   c.init = ''  # start point (--init): our workdir, an HF directory or a Google TF checkpoint
   c.seed = 0  # seed of the first run: head init, data order, dropout
   # Runs: N (seeds seed .. seed+N-1) or a list (1,5,7); results report median, min and max.
@@ -50,12 +50,12 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'adamw_bert'  # adamw_bert (the reference's) | adamw | lamb
-  c.optimizer.learning_rate = 2e-5
+  c.optimizer.learning_rate = 2e-5  # peak; 5e-5 for conll and squad (see above)
   c.optimizer.schedule = 'bert'  # bert (reference: decay from step 0) | warmup_linear (HF's)
   c.optimizer.warmup_proportion = 0.1  # warmup steps = this x all steps of the run
   c.optimizer.warmup_steps = 0  # used only when warmup_proportion is 0
   c.optimizer.weight_decay = 0.01  # not on biases and LayerNorm (bert_jax/optim.py)
-  c.optimizer.b1 = 0.9
+  c.optimizer.b1 = 0.9  # Adam betas and epsilon: the reference's
   c.optimizer.b2 = 0.999
   c.optimizer.eps = 1e-6
   c.optimizer.clip_norm = 1.0  # 0 disables
@@ -63,7 +63,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 32  # global; the last batch of an epoch is padded (zero weights)
   c.train.eval_batch_size = 64  # rounded up to a multiple of the mesh's batch devices
-  c.train.num_epochs = 3
+  c.train.num_epochs = 3  # the schedule spans them all; every epoch is scored on dev
   c.train.log_every = 50  # steps between metrics.jsonl lines
   # Stop (resumably) once this many epochs are done, 0 = all: for jobs with a time limit.
   # The schedule always spans num_epochs, so the next run continues the same run.
@@ -80,7 +80,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
 
 def _data_config(task: str) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
-  d.max_seq_length = 128
+  d.max_seq_length = 128  # tokens with [CLS]/[SEP]; longer inputs are truncated
   if task in GLUE:
     d.glue_dir = ''  # the task's directory of the GLUE download (glue_data/MRPC) or its root
     d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
@@ -88,7 +88,7 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
     # vaderSentiment-3.3.2.tar.gz, hutto_ICWSM_2014.tar.gz or the ratings .txt; empty:
     # download the sdist with pip into mr_cache_dir (SHA-256 checked).
     d.mr_file = ''
-    d.mr_cache_dir = 'runs/cache/mr'
+    d.mr_cache_dir = 'runs/cache/mr'  # where fetch_mr keeps the sdist
     d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/mr.py)
   elif task == 'conll':
     d.train_file = ''  # CoNLL-2003 column files: word POS chunk NER
@@ -98,7 +98,7 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
   elif task in ('squad', 'squad_v2'):
     d.train_file = ''  # train-v1.1.json / train-v2.0.json
     d.dev_file = ''  # dev-v1.1.json / dev-v2.0.json
-    d.max_seq_length = 384
+    d.max_seq_length = 384  # window length: [CLS] question [SEP] context [SEP]
     d.doc_stride = 128  # context tokens between window starts
     d.max_query_length = 64  # question tokens kept
     d.n_best_size = 20  # candidate starts and ends per window
@@ -107,13 +107,13 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
   else:  # generic
     d.train_file = ''  # .csv / .tsv (header names the columns) / .jsonl
     d.dev_file = ''
-    d.test_file = ''  # optional; scored when it has the label column
+    d.test_file = ''  # optional; scored if it has the label column, else predicted (predictions/)
     d.text_a = 'sentence'  # column names
     d.text_b = ''  # empty: single sentences
-    d.label = 'label'
+    d.label = 'label'  # the label column (classification or, with regression, a number)
     d.labels = ''  # comma list fixing the label order; empty: sorted train labels
     d.regression = False  # labels are numbers: MSE loss, Pearson/Spearman
-    d.skip_bad_lines = False
+    d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
   return d
 
 

@@ -330,7 +330,7 @@ def test_glue_task_writes_leaderboard_predictions(start_dir, tmp_path):
   assert set(dev) == {'accuracy', 'headline', 'score'}
   assert list(results['splits']) == ['dev']  # the unlabelled test split is predicted only
   path = os.path.join(workdir, 'seed_0', 'glue_submission', 'SST-2.tsv')
-  assert results['submissions'] == [path]
+  assert results['prediction_files'] == [path]
   lines = open(path).read().splitlines()
   assert lines[0] == 'index\tprediction' and len(lines) == 21
   assert {line.split('\t')[1] for line in lines[1:]} <= {'0', '1'}
@@ -373,15 +373,23 @@ def run_cli(workdir, *args):
 
 def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_dir, tmp_path):
   files = classification_files(tmp_path)
+  unlabelled = write_table(tmp_path / 'unlabelled.tsv', [('good film',), ('awful plot',)],
+                           header=('sentence',))
   out = run_cli(tmp_path / 'run', '--config=configs/finetune.py:generic', f'--init={start_dir}',
                 f'--config.data.train_file={files["train"]}',
-                f'--config.data.dev_file={files["dev"]}', '--config.train.num_epochs=1',
+                f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={unlabelled}',
+                '--config.train.num_epochs=1',
                 '--config.data.max_seq_length=32', '--config.export=False',
                 '--config.model.dtype=bfloat16')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
   assert 'seed 0: 6/6 step (100%)' in out.stderr
   assert out.stdout.startswith('# generic from ') and '| majority-class baseline |' in out.stdout
+  predictions = tmp_path / 'run' / 'seed_0' / 'predictions' / 'test.tsv'
+  assert f'Test predictions (best epoch): {predictions}' in out.stdout
+  lines = predictions.read_text().splitlines()
+  assert lines[0] == 'index\tprediction' and [line.split('\t')[0] for line in lines[1:]] == [
+      '0', '1'] and {line.split('\t')[1] for line in lines[1:]} <= {'neg', 'pos'}
 
   out = run_cli(tmp_path / 'bad', '--config=configs/finetune.py:generic', f'--init={start_dir}',
                 '--config.data.train_file=/nope/train.tsv', '--config.data.dev_file=/nope/d.tsv')
@@ -481,8 +489,9 @@ def test_mnli_splits_scores_in_a_heads_label_order_and_leaderboard_files(start_d
   assert task.score(dev, {'logits': np.roll(gold, 1, axis=1)})['accuracy'] == 0.0
   assert task.baseline(dev)['accuracy'] == pytest.approx(1 / 3)
   assert task.headline_name(dev) == 'accuracy' and task.select_split is dev
-  path = task.write_submission(task.evals[4], {'logits': np.eye(3)[[0, 1, 2, 0]]},
-                               str(tmp_path / 'sub'))
+  path = task.write_predictions(task.evals[4], {'logits': np.eye(3)[[0, 1, 2, 0]]},
+                                str(tmp_path / 'seed_0'))
+  assert path == str(tmp_path / 'seed_0' / 'glue_submission' / 'AX.tsv')
   assert open(path).read().splitlines()[1:] == [
       '0\tneutral', '1\tentailment', '2\tcontradiction', '3\tneutral']
 
