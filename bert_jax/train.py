@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import signal
 import tempfile
 import time
 from typing import Any
@@ -18,16 +17,13 @@ from typing import Any
 import jax
 from absl import logging
 
-from bert_jax import checkpointing, flops, optim, sharding as shd, start_points
+from bert_jax import checkpointing, flops, optim, progress, sharding as shd, start_points
 from bert_jax.metric_writer import MetricWriter
+from bert_jax.run_control import NonFiniteError, PreemptionFlag  # callers use train.NonFiniteError
 from bert_jax import train_step as ts
 from bert_jax.model import BertConfig
 from input_pipeline import dataset as data_lib
 from input_pipeline import fs
-
-
-class NonFiniteError(RuntimeError):
-  pass
 
 
 def model_config(config) -> BertConfig:
@@ -55,21 +51,6 @@ def per_process_batch(global_batch: int) -> int:
     raise ValueError(f'train.global_batch_size={global_batch} is not divisible by the '
                      f'{jax.process_count()} processes')
   return global_batch // jax.process_count()
-
-
-class PreemptionFlag:
-  """Set by SIGTERM; the loop saves at the next step boundary and returns."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
 
 
 def evaluate(eval_step, params, config, batch_size: int, mesh) -> dict[str, float]:
@@ -225,6 +206,6 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
 
 
 def _progress_bar(step: int, total: int):
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm(total=total, initial=step, desc='train', unit='step', dynamic_ncols=True,
-              disable=jax.process_index() != 0, mininterval=1.0)
+  """A bar on a terminal, whole lines in logs (bert_jax.progress); process 0 only."""
+  return progress.progress_bar(total, step, desc='train', unit='step',
+                               disable=jax.process_index() != 0)

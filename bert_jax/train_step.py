@@ -159,8 +159,13 @@ def eval_step(params, batch, *, model: BertForPreTraining,
 def state_shardings(model_cfg: BertConfig, tx, mesh, rules) -> TrainState:
   """NamedSharding for every leaf of the TrainState; optimizer moments follow their params."""
   abstract_params = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
-  param_sh = shd.logical_to_sharding(logical_param_specs(model_cfg), mesh, rules,
-                                     abstract_params)
+  return shardings_for(abstract_params, logical_param_specs(model_cfg), tx, mesh, rules)
+
+
+def shardings_for(abstract_params, logical_specs, tx, mesh, rules) -> TrainState:
+  """The TrainState shardings of any model (pre-training or a fine-tuning head) from its
+  abstract params and their logical PartitionSpecs."""
+  param_sh = shd.logical_to_sharding(logical_specs, mesh, rules, abstract_params)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   rep = shd.replicated(mesh)
   opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,

@@ -1,0 +1,615 @@
+r"""Fine-tune a start point on a task, evaluate every epoch, report and export the best.
+
+  python -m bert_jax.finetune --config=configs/finetune.py:mrpc --init=uncased_L-12_H-768_A-12 \
+      --workdir=runs/mrpc --config.data.glue_dir=glue_data/MRPC [--config.seeds=5]
+
+`--init` is anything `start_points.load_start_point` reads: our pre-training workdir, an HF
+directory (BertForPreTraining, BertModel, sentence-transformers, a fine-tuned BertFor<Task>)
+or a Google TF checkpoint; its tokenizer and casing come with it. Training runs on the same
+mesh, sharding rules, optimizer code and Orbax checkpoints as pre-training.
+
+Each seed trains in `<workdir>/seed_<s>/` (checkpoints/, metrics.jsonl, tensorboard/, GLUE
+leaderboard files in glue_submission/, other unlabelled test splits' predictions in
+predictions/). Checkpoints are written at every epoch end (and on
+SIGTERM, at the next step); the batches of an epoch are a permutation drawn from (seed,
+epoch) and dropout keys from the step, so a restarted command continues exactly where the
+last checkpoint left off. Every epoch is scored on the dev split(s); the best epoch so far
+(first dev split's headline metric) is scored on a labelled test split and exported at once,
+so nothing needs to keep old params: `<workdir>/hf_export` for one seed,
+`<workdir>/hf_export/seed_<s>` for several, loadable with transformers'
+`AutoModelFor<Task>.from_pretrained`. Results of all seeds (median, min, max) next to the
+majority-class (mean, no-answer) baseline go to `<workdir>/results.json` and `results.md`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import math
+import os
+import statistics
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import app, flags, logging
+from jax.experimental import multihost_utils
+from ml_collections import config_flags
+
+from bert_jax import checkpointing, finetune_step as fst, finetune_tasks, hf_heads, optim
+from bert_jax import progress, run_control, sharding as shd, start_points
+from bert_jax.metric_writer import MetricWriter
+from input_pipeline import fs
+
+FLAGS = flags.FLAGS
+
+BASELINE_NAMES = {'classification': 'majority-class', 'regression': 'mean-prediction',
+                  'tagging': 'majority-tag', 'span': 'no-answer'}
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def seed_list(seeds: Any, first: int) -> list[int]:
+  """`config.seeds`: a count N (seeds first .. first+N-1) or a list of seeds."""
+  if isinstance(seeds, str):
+    try:
+      seeds = ast.literal_eval(seeds.strip())
+    except (ValueError, SyntaxError):
+      raise ValueError(f'config.seeds={seeds!r}: expected a count (3) or a list (0,1,7)') from None
+  if isinstance(seeds, int) and not isinstance(seeds, bool):
+    if seeds < 1:
+      raise ValueError(f'config.seeds={seeds}: need at least one run')
+    return list(range(first, first + seeds))
+  if isinstance(seeds, (list, tuple)) and seeds and all(
+      isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if len(set(seeds)) != len(seeds):
+      raise ValueError(f'config.seeds={list(seeds)}: a seed is repeated')
+    return list(seeds)
+  raise ValueError(f'config.seeds={seeds!r}: expected a count (3) or a list of ints (0,1,7)')
+
+
+def load_start(config):
+  """The start point with the run's model overrides (dtype, dropout, layout)."""
+  if not config.init:
+    raise ValueError('no start point: pass --init=<our workdir | HF directory | TF checkpoint>')
+  m = config.model
+  overrides = dict(dtype=m.dtype, scan_layers=m.scan_layers, remat_policy=m.remat_policy,
+                   attention_impl=m.attention_impl)
+  for field in ('hidden_dropout', 'attention_dropout'):
+    if m[field] is not None:
+      overrides[field] = m[field]
+  start = start_points.load_start_point(config.init, do_lower_case=config.do_lower_case,
+                                        **overrides)
+  length = config.data.max_seq_length
+  if length > start.cfg.max_position_embeddings:
+    raise ValueError(f'data.max_seq_length={length} exceeds the start point\'s '
+                     f'max_position_embeddings={start.cfg.max_position_embeddings}; lower '
+                     '--config.data.max_seq_length')
+  if start.tokenizer.vocab_size > start.cfg.vocab_size:
+    raise ValueError(f'{config.init}: the tokenizer has {start.tokenizer.vocab_size} tokens but '
+                     f'the model embeds {start.cfg.vocab_size}; the start point\'s vocabulary '
+                     'does not belong to its weights')
+  return start
+
+
+def batch_multiple(mesh) -> int:
+  """Global batches must split evenly over the batch devices and the processes."""
+  return math.lcm(mesh.shape['data'] * mesh.shape['fsdp'], jax.process_count())
+
+
+def check_batch_sizes(config, mesh) -> int:
+  """The eval batch, rounded up to what the mesh splits evenly; the train batch must fit."""
+  multiple = batch_multiple(mesh)
+  t = config.train
+  if t.batch_size < 1 or t.batch_size % multiple:
+    raise ValueError(f'train.batch_size={t.batch_size} must be a positive multiple of {multiple} '
+                     f'(the mesh\'s data x fsdp devices and the processes); change '
+                     '--config.train.batch_size or --config.mesh')
+  if t.num_epochs < 1:
+    raise ValueError(f'train.num_epochs={t.num_epochs}: need at least 1')
+  return -(-max(t.eval_batch_size, 1) // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def take(arrays: dict, rows, keys) -> dict:
+  """Rows of `arrays` (only `keys`); row -1 is padding: a copy of row 0 with zero weight."""
+  valid = rows >= 0
+  index = np.where(valid, rows, 0)
+  out = {}
+  for k in keys:
+    if k in arrays:
+      x = arrays[k][index]
+      if k == 'label_weights':
+        x = np.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0).astype(np.float32)
+      out[k] = x
+  return out
+
+
+def epoch_rows(seed: int, epoch: int, n: int, batch: int):
+  """[steps, batch] example indices of one epoch, -1 padding the last batch: a function of
+  (seed, epoch) only, so a resumed run sees exactly the batches it would have."""
+  steps = -(-n // batch)
+  order = np.random.default_rng([seed, epoch]).permutation(n)
+  return np.concatenate([order, np.full(steps * batch - n, -1)]).reshape(steps, batch)
+
+
+def local_rows(rows):
+  """This process's contiguous share of a global batch's rows."""
+  return rows.reshape(jax.process_count(), -1)[jax.process_index()]
+
+
+def predict_all(predict, params, arrays: dict, batch: int, mesh) -> dict:
+  """Outputs for every row of `arrays`, in order (padding rows dropped)."""
+  n = len(arrays['input_ids'])
+  outs = []
+  for first in range(0, n, batch):
+    rows = np.arange(first, first + batch)
+    rows[rows >= n] = -1
+    local = take(arrays, local_rows(rows), fst.MODEL_INPUTS)
+    outs.append(jax.device_get(predict(params, shd.global_batch(local, mesh))))
+  return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
+
+
+def host_tree(tree):
+  """A sharded tree as host numpy on every process (export)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def headline(scores: dict | None) -> float:
+  """A split's headline for comparisons: NaN and missing count as worst."""
+  value = (scores or {}).get('headline', float('nan'))
+  return -math.inf if value is None or math.isnan(value) else value
+
+
+def best_epoch_index(history: list[dict], split: str) -> int | None:
+  """The first epoch with the highest headline on `split` (None before any epoch)."""
+  if not history:
+    return None
+  return max(range(len(history)), key=lambda i: (headline(history[i]['scores'].get(split)), -i))
+
+
+# ----------------------------------------------------------------------------- one seed
+
+
+class Steps:
+  """The optimizer, shardings and jitted steps of one (model, head, optimizer, run length,
+  mesh), each jitted on first use."""
+
+  def __init__(self, cfg, head, kind: str, optimizer_json: str, total_steps: int, mesh, rules):
+    self.cfg, self.head, self.kind, self.mesh, self.rules = cfg, head, kind, mesh, rules
+    self.tx, self.schedule = optim.from_config(
+        ml_collections.ConfigDict(json.loads(optimizer_json)), total_steps)
+    self.shardings = fst.state_shardings(cfg, head, self.tx, mesh, rules)
+    self._train_step = self._predict = None
+
+  def train_step(self, state, batch):
+    if self._train_step is None:
+      self._train_step = fst.jit_train_step(self.cfg, self.head, self.kind, self.tx,
+                                            self.schedule, self.mesh, self.rules, self.shardings)
+    return self._train_step(state, batch)
+
+  def predict(self, params, batch):
+    if self._predict is None:
+      self._predict = fst.jit_predict_step(self.cfg, self.head, self.mesh, self.rules,
+                                           self.shardings)
+    return self._predict(params, batch)
+
+
+@functools.lru_cache(maxsize=4)
+def steps_for(*key) -> Steps:
+  """One `Steps` per distinct key in this process: seeds, a resumed call and repeated runs
+  in one process (a notebook, the tests) that agree on everything compile once."""
+  return Steps(*key)
+
+
+class Program:
+  """What every seed of a run shares: the step geometry and the compiled steps."""
+
+  def __init__(self, config, task, start, mesh, rules, eval_batch: int):
+    t = config.train
+    self.mesh, self.eval_batch = mesh, eval_batch
+    self.batch = t.batch_size
+    self.steps_per_epoch = -(-task.num_train // self.batch)
+    self.total_steps = self.steps_per_epoch * t.num_epochs
+    self.stop_step = min(t.stop_after_epoch or t.num_epochs, t.num_epochs) * self.steps_per_epoch
+    self.steps = steps_for(start.cfg, task.head, task.kind, config.optimizer.to_json(),
+                           self.total_steps, mesh, rules)
+    self.tx, self.shardings = self.steps.tx, self.steps.shardings
+    self.cfg, self.head = start.cfg, task.head
+
+  def train_step(self, state, batch):
+    return self.steps.train_step(state, shd.global_batch(batch, self.mesh))
+
+  def predict(self, params, arrays: dict) -> dict:
+    return predict_all(self.steps.predict, params, arrays, self.eval_batch, self.mesh)
+
+  def abstract_state(self):
+    return checkpointing.abstract_like(self.shardings,
+                                       fst.abstract_state(self.cfg, self.head, self.tx))
+
+
+class SeedRun:
+  """Training, evaluation and export of one seed in `<workdir>/seed_<seed>`."""
+
+  def __init__(self, config, workdir: str, task, start, seed: int, export_dir: str | None,
+               program: Program):
+    self.config, self.task, self.start, self.seed = config, task, start, seed
+    self.program = program
+    self.dir = fs.join(workdir, f'seed_{seed}')
+    self.export_dir = export_dir
+    self.is_chief = jax.process_index() == 0
+    self.history: list[dict] = []
+    self.epoch_loss = [0.0, 0]  # loss sum and steps of the epoch in progress
+    self.prediction_files: list[str] = []
+    self._throughput = None
+
+  # ------------------------------------------------------------------- checkpoints
+
+  def _manager(self):
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager(
+        checkpointing.checkpoint_dir(self.dir), options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(),
+                       'progress': ocp.JsonCheckpointHandler()})
+
+  def _progress_item(self) -> dict:
+    return {'history': self.history, 'epoch_loss': self.epoch_loss,
+            'prediction_files': self.prediction_files, 'geometry': self._geometry()}
+
+  def _geometry(self) -> dict:
+    """What a checkpoint's step means: a resumed run must agree, or its batches and
+    learning rates would not be the interrupted run's."""
+    p = self.program
+    return {'num_train': self.task.num_train, 'batch_size': p.batch,
+            'total_steps': p.total_steps}
+
+  def _check_geometry(self, saved: dict) -> None:
+    if saved == self._geometry():
+      return
+    raise ValueError(
+        f'{self.dir}: its checkpoint was written by a run with {saved} (training rows, batch '
+        f'size, steps over all epochs), this config gives {self._geometry()}; resume with the '
+        'same data, train.batch_size and train.num_epochs (train.stop_after_epoch ends a run '
+        'early without changing it), or use a fresh --workdir')
+
+  def _save(self, manager, state) -> None:
+    step = int(jax.device_get(state.step))
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(self._progress_item())),
+                 force=True)
+    manager.wait_until_finished()
+
+  def _initial_state(self, manager):
+    """The latest checkpoint (state and scores so far), else the start point plus a head."""
+    latest = manager.latest_step()
+    if latest is not None:
+      restored = manager.restore(latest, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(self.program.abstract_state()),
+          progress=ocp.args.JsonRestore()))
+      saved = restored['progress']
+      self._check_geometry(saved['geometry'])
+      self.history, self.epoch_loss = saved['history'], list(saved['epoch_loss'])
+      self.prediction_files = list(saved['prediction_files'])
+      logging.info('seed %d: resumed from step %d (%d epochs done)', self.seed, latest,
+                   len(self.history))
+      return restored['state']
+    _, params = start_points.init_head_params(
+        self.start, self.task.head, rng=jax.random.key(self.seed),
+        fresh_head=self.config.fresh_head)
+    return fst.state_from_params(params, self.program.shardings, self.program.tx, self.seed)
+
+  # ------------------------------------------------------------------- the loop
+
+  def run(self) -> tuple[dict, bool]:
+    """(this seed's result, whether SIGTERM stopped it)."""
+    p = self.program
+    manager = self._manager()
+    state = self._initial_state(manager)
+    step = int(state.step)
+    writer = MetricWriter(self.dir)
+    bar = progress.progress_bar(p.total_steps, step, desc=f'seed {self.seed}', unit='step',
+                                disable=not self.is_chief)
+    preemption = run_control.PreemptionFlag()
+    try:
+      while step < p.stop_step and not preemption.requested:
+        state, step = self._train_epoch(state, step, bar, writer, preemption, manager)
+        if step % p.steps_per_epoch == 0:  # the epoch ended (not a SIGTERM mid-epoch)
+          self._end_epoch(state, step, bar, writer)
+        self._save(manager, state)
+    finally:
+      preemption.restore()
+      bar.close()
+      manager.close()
+    return self.result(step), preemption.requested
+
+  def _train_epoch(self, state, step, bar, writer, preemption, manager):
+    p = self.program
+    epoch, offset = divmod(step, p.steps_per_epoch)
+    rows = epoch_rows(self.seed, epoch, self.task.num_train, p.batch)
+    timer = Throughput()
+    for b in range(offset, p.steps_per_epoch):
+      batch = take(self.task.train, local_rows(rows[b]), finetune_tasks.DEVICE_ARRAYS)
+      state, metrics = p.train_step(state, batch)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      step += 1
+      timer.step(int((rows[b] >= 0).sum()))
+      if not math.isfinite(metrics['loss']):
+        raise run_control.NonFiniteError(
+            f'seed {self.seed} step {step}: loss={metrics["loss"]} is not finite; stopped '
+            f'without saving (the last checkpoint is step {manager.latest_step()}). Lower '
+            '--config.optimizer.learning_rate or check the data.')
+      self.epoch_loss = [self.epoch_loss[0] + metrics['loss'], self.epoch_loss[1] + 1]
+      bar.update(1)
+      bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)
+      if step % self.config.train.log_every == 0:
+        writer.write(step, metrics, 'train/')
+      if preemption.requested:
+        logging.warning('SIGTERM: saving seed %d at step %d and exiting', self.seed, step)
+        break
+    self._throughput = timer.rate()
+    return state, step
+
+  def _end_epoch(self, state, step, bar, writer) -> None:
+    """Score the dev splits; if this epoch is the best so far, score the test splits, write
+    GLUE's leaderboard files and export."""
+    loss_sum, loss_steps = self.epoch_loss
+    record = {'epoch': step // self.program.steps_per_epoch, 'step': step,
+              'train_loss': loss_sum / max(loss_steps, 1),
+              'train_examples_per_second': self._throughput, 'scores': {}}
+    self.epoch_loss = [0.0, 0]
+    for split in self.task.evals:
+      if split.role == 'dev':
+        outputs = self.program.predict(state.params, split.arrays)
+        record['scores'][split.name] = self.task.score(split, outputs)
+    self.history.append(record)
+    if best_epoch_index(self.history, self.task.select_split.name) == len(self.history) - 1:
+      self._on_best(state, record)
+    writer.write(step, flat_scores(record), 'eval/')
+    bar.write(self.epoch_line(record))
+
+  def _on_best(self, state, record) -> None:
+    record['best'] = True
+    self.prediction_files = []
+    for split in self.task.evals:
+      if split.role != 'test':
+        continue
+      outputs = self.program.predict(state.params, split.arrays)
+      if split.labelled:
+        record['scores'][split.name] = self.task.score(split, outputs)
+      elif self.is_chief:
+        self.prediction_files.append(self.task.write_predictions(split, outputs, self.dir))
+    if self.export_dir:
+      self._export(state)
+
+  def _export(self, state) -> None:
+    params = host_tree(state.params)
+    if not self.is_chief:
+      return
+    with fs.staged_dir(self.export_dir) as local:
+      hf_heads.save_finetuned(local, self.start.cfg, self.task.head, params,
+                              tokenizer=self.start.tokenizer, overwrite=True)
+    logging.info('seed %d: exported epoch %d to %s', self.seed, len(self.history),
+                 self.export_dir)
+
+  # ------------------------------------------------------------------- reporting
+
+  def epoch_line(self, record: dict) -> str:
+    """`seed 0 epoch 2: dev accuracy=0.8512 (majority-class baseline 0.5012), ...`."""
+    parts = []
+    for split in self.task.evals:
+      scores = record['scores'].get(split.name)
+      if scores is not None:
+        name = self.task.headline_name(split)
+        base = self.task.baseline(split)['headline']
+        parts.append(f'{split.name} {name}={fmt(scores["headline"])} '
+                     f'({BASELINE_NAMES[self.task.kind]} baseline {fmt(base)})')
+    rate = record['train_examples_per_second']
+    speed = f', {rate:.1f} examples/s' if rate else ''
+    best = ' (best so far)' if record.get('best') else ''
+    return (f'seed {self.seed} epoch {record["epoch"]}: ' + ', '.join(parts) +
+            f', train loss {record["train_loss"]:.4f}{speed}{best}')
+
+  def result(self, step: int) -> dict:
+    best = best_epoch_index(self.history, self.task.select_split.name)
+    out = {'seed': self.seed, 'epochs_done': len(self.history), 'step': step,
+           'complete': step >= self.program.total_steps, 'best_epoch': None, 'scores': {},
+           'history': self.history, 'export': None,
+           'prediction_files': self.prediction_files}
+    if best is not None:
+      out['best_epoch'] = self.history[best]['epoch']
+      out['scores'] = self.history[best]['scores']
+      out['export'] = self.export_dir
+    return out
+
+
+class Throughput:
+  """Examples per second over an epoch's steps, not counting the run's first step (which
+  includes compilation)."""
+
+  def __init__(self):
+    self.start, self.examples, self.steps = None, 0, 0
+
+  def step(self, examples: int) -> None:
+    self.steps += 1
+    if self.start is None:
+      self.start = time.perf_counter()
+      return
+    self.examples += examples
+
+  def rate(self) -> float | None:
+    if self.start is None or self.steps < 2:
+      return None
+    return self.examples / max(time.perf_counter() - self.start, 1e-9)
+
+
+def fmt(value: float | None) -> str:
+  return 'n/a' if value is None or math.isnan(value) else f'{value:.4f}'
+
+
+def flat_scores(record: dict) -> dict[str, float]:
+  return {f'{split}/{k}': v for split, scores in record['scores'].items()
+          for k, v in scores.items() if isinstance(v, (int, float)) and not math.isnan(v)}
+
+
+# ----------------------------------------------------------------------------- all seeds
+
+
+def run(config, workdir: str) -> dict:
+  """Fine-tune every seed of `config` (resuming each from its checkpoint), write
+  results.json and results.md; returns the results."""
+  workdir = fs.absolute(workdir)
+  seeds = seed_list(config.seeds, config.seed)
+  mesh = shd.make_mesh(tuple(config.mesh))
+  rules = shd.normalize_rules(config.sharding_rules)
+  eval_batch = check_batch_sizes(config, mesh)
+  if jax.process_index() == 0:
+    fs.check_writable(workdir)  # now, not after the first epoch
+    fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  start = load_start(config)
+  task = build_task(config, start)
+  program = Program(config, task, start, mesh, rules, eval_batch)
+  runs = []
+  for seed in seeds:
+    export = None
+    if config.export:
+      export = fs.join(workdir, 'hf_export', *([f'seed_{seed}'] if len(seeds) > 1 else []))
+    seed_run = SeedRun(config, workdir, task, start, seed, export, program)
+    result, preempted = seed_run.run()
+    runs.append(result)
+    if preempted:
+      break
+  results = summarize(config, task, seeds, runs)
+  if jax.process_index() == 0:
+    fs.write_text(fs.join(workdir, 'results.json'), json.dumps(strict_json(results), indent=2))
+    fs.write_text(fs.join(workdir, 'results.md'), markdown(results))
+  return results
+
+
+def build_task(config, start):
+  records = finetune_tasks.read_task(config)
+  labels = finetune_tasks.reconcile_labels(records, start.head, config.init, config.fresh_head)
+  task = finetune_tasks.featurize(records, labels, start.tokenizer, config.data,
+                                  do_lower_case=start.do_lower_case is not False,
+                                  classifier_dropout=config.model.classifier_dropout)
+  logging.info('%s: %d training rows, eval splits %s, labels %s', task.name, task.num_train,
+               [f'{s.name} ({len(s.records)})' for s in task.evals], list(task.labels))
+  return task
+
+
+def summarize(config, task, seeds: list[int], runs: list[dict]) -> dict:
+  """Per-seed scores at each seed's best epoch; median, min and max over seeds; baselines."""
+  scored = [r for r in runs if r['best_epoch'] is not None]
+  splits = {}
+  for split in task.evals:
+    if not split.labelled:
+      continue
+    values = [r['scores'][split.name] for r in scored if split.name in r['scores']]
+    splits[split.name] = {
+        'role': split.role, 'headline_metric': task.headline_name(split),
+        'baseline': task.baseline(split), 'summary': spread(values)}
+  return {'task': task.name, 'init': config.init, 'seeds': seeds,
+          'baseline_kind': BASELINE_NAMES[task.kind], 'selected_on': task.select_split.name,
+          'complete': len(runs) == len(seeds) and all(r['complete'] for r in runs),
+          'splits': splits, 'runs': runs,
+          'prediction_files': [p for r in runs for p in r['prediction_files']]}
+
+
+def spread(values: list[dict]) -> dict:
+  """{metric: {median, min, max, values}} over seeds, for every numeric metric."""
+  out = {}
+  for key in (values[0] if values else {}):
+    xs = [v[key] for v in values if isinstance(v.get(key), (int, float))]
+    real = [x for x in xs if not math.isnan(x)]
+    if len(xs) == len(values) and real:
+      out[key] = {'median': statistics.median(real), 'min': min(real), 'max': max(real),
+                  'values': xs}
+  return out
+
+
+def strict_json(value):
+  """NaN (undefined correlations) as null: results.json stays standard JSON."""
+  if isinstance(value, float) and math.isnan(value):
+    return None
+  if isinstance(value, dict):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  return value
+
+
+def markdown(results: dict) -> str:
+  """One row per seed, then the median (min-max) and the baseline, for every labelled split."""
+  splits = results['splits']
+  head = ['seed', 'best epoch'] + [f'{name} {s["headline_metric"]}' for name, s in splits.items()]
+  lines = [f'# {results["task"]} from {results["init"]}', '',
+           f'Best epoch selected on {results["selected_on"]}.' +
+           ('' if results['complete'] else ' **Incomplete run.**'), '',
+           '| ' + ' | '.join(head) + ' |', '|' + ' --- |' * len(head)]
+  for r in results['runs']:
+    cells = [fmt(r['scores'].get(name, {}).get('headline')) for name in splits]
+    lines.append(f'| {r["seed"]} | {r["best_epoch"] or "-"} | ' + ' | '.join(cells) + ' |')
+  summary = []
+  for s in splits.values():
+    h = s['summary'].get('headline')
+    summary.append(f'{fmt(h["median"])} ({fmt(h["min"])}-{fmt(h["max"])})' if h else 'n/a')
+  lines.append(f'| median (min-max) of {len(results["runs"])} | | ' + ' | '.join(summary) + ' |')
+  lines.append(f'| {results["baseline_kind"]} baseline | | ' +
+               ' | '.join(fmt(s['baseline']['headline']) for s in splits.values()) + ' |')
+  exports = [r['export'] for r in results['runs'] if r['export']]
+  if exports:
+    lines += ['', 'Exported (best epoch): ' + ', '.join(exports)]
+  if results['prediction_files']:
+    lines += ['', 'Test predictions (best epoch): ' + ', '.join(results['prediction_files'])]
+  return '\n'.join(lines) + '\n'
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if FLAGS.coordinator_address:
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  elif FLAGS.tpu:
+    jax.distributed.initialize()
+  config = FLAGS.config
+  if FLAGS.init:
+    config.init = FLAGS.init
+  try:
+    results = run(config, FLAGS.workdir)
+  except (OSError, ValueError, run_control.NonFiniteError) as e:
+    # Our own errors say what is wrong and what to do; a traceback adds nothing for users.
+    logging.error('%s', e)
+    raise SystemExit(f'error: {e}') from None
+  if jax.process_index() == 0:
+    print(markdown(results), end='')
+
+
+def define_flags():
+  """CLI flags, defined only when run as a program (importing must not claim flag names)."""
+  config_flags.DEFINE_config_file('config', None, 'e.g. configs/finetune.py:mrpc')
+  flags.DEFINE_string('init', None, 'Start point: our workdir, an HF directory or a TF '
+                      'checkpoint (sets config.init).')
+  flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, exports and results go here.')
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host, not TPU).')
+  flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
+  flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
+  flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  define_flags()
+  app.run(main)

@@ -1,0 +1,125 @@
+r"""Fine-tuning configs, one per task: `--config=configs/finetune.py:<task>`.
+
+  python -m bert_jax.finetune --config=configs/finetune.py:mrpc --init=uncased_L-12_H-768_A-12 \
+      --workdir=runs/mrpc --config.data.glue_dir=glue_data/MRPC [--config.seeds=5]
+
+Tasks: the GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte wnli), mr and mr_regression
+(movie reviews, input_pipeline/mr.py), conll (CoNLL-2003 NER), squad and squad_v2, and
+generic (your own .csv/.tsv/.jsonl). Only the data fields a task reads exist in its config, so
+a misspelt or irrelevant override is an error, not silently ignored.
+
+Defaults are google-research/bert's (run_classifier.py, run_squad.py, the paper's appendix
+A.3): AdamW without bias correction (eps 1e-6, weight decay 0.01 except biases and LayerNorm,
+gradients clipped to norm 1.0), 10% linear warmup then linear decay to 0, batch 32, 3 epochs,
+128 tokens, dropout from the start point (0.1 in every released BERT), classifier
+N(0, 0.02). Learning rate: the paper searched {5e-5, 4e-5, 3e-5, 2e-5}; we default to 2e-5
+for sentence tasks (run_classifier.py's README example, the most stable on the small GLUE
+sets) and 5e-5 for CoNLL and SQuAD (the paper's SQuAD setting; the usual NER one).
+"""
+
+import ml_collections
+
+GLUE = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
+TASKS = GLUE + ('mr', 'mr_regression', 'conll', 'squad', 'squad_v2', 'generic')
+
+
+def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
+  task = task.lower().replace('-', '')
+  if task not in TASKS:
+    raise ValueError(f'configs/finetune.py:{task}: unknown task; expected one of {TASKS}')
+  c = ml_collections.ConfigDict()
+  c.task = task  # selects the readers, head, loss and metrics (set by :<task>)
+  c.init = ''  # start point (--init): our workdir, an HF directory or a Google TF checkpoint
+  c.seed = 0  # seed of the first run: head init, data order, dropout
+  # Runs: N (seeds seed .. seed+N-1) or a list (1,5,7); results report median, min and max.
+  c.seeds = ml_collections.FieldReference(1, field_type=object)
+  c.do_lower_case = ml_collections.config_dict.placeholder(bool)  # None: the start point's
+  c.fresh_head = False  # True: ignore a task head the start point carries (keep its encoder)
+  c.export = True  # the best-dev epoch's model -> workdir/hf_export (HF BertFor<Task>)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16 (params stay float32)
+  c.model.hidden_dropout = ml_collections.config_dict.placeholder(float)  # None: start point's
+  c.model.attention_dropout = ml_collections.config_dict.placeholder(float)  # None: same
+  c.model.classifier_dropout = ml_collections.config_dict.placeholder(float)  # None: hidden's
+  c.model.scan_layers = True  # compile time independent of depth
+  c.model.remat_policy = 'none'  # none | full | dots | dots_no_batch (long SQuAD windows)
+  c.model.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
+
+  c.data = _data_config(task)
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'adamw_bert'  # adamw_bert (the reference's) | adamw | lamb
+  c.optimizer.learning_rate = 2e-5  # peak; 5e-5 for conll and squad (see above)
+  c.optimizer.schedule = 'bert'  # bert (reference: decay from step 0) | warmup_linear (HF's)
+  c.optimizer.warmup_proportion = 0.1  # warmup steps = this x all steps of the run
+  c.optimizer.warmup_steps = 0  # used only when warmup_proportion is 0
+  c.optimizer.weight_decay = 0.01  # not on biases and LayerNorm (bert_jax/optim.py)
+  c.optimizer.b1 = 0.9  # Adam betas and epsilon: the reference's
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.clip_norm = 1.0  # 0 disables
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 32  # global; the last batch of an epoch is padded (zero weights)
+  c.train.eval_batch_size = 64  # rounded up to a multiple of the mesh's batch devices
+  c.train.num_epochs = 3  # the schedule spans them all; every epoch is scored on dev
+  c.train.log_every = 50  # steps between metrics.jsonl lines
+  # Stop (resumably) once this many epochs are done, 0 = all: for jobs with a time limit.
+  # The schedule always spans num_epochs, so the next run continues the same run.
+  c.train.stop_after_epoch = 0
+
+  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+  c.sharding_rules = (
+      ('batch', ('data', 'fsdp')), ('vocab', 'tensor'), ('heads', 'tensor'), ('mlp', 'tensor'),
+      ('embed', 'fsdp'), ('kv', None), ('length', None), ('layers', None), ('norm', None),
+      ('position', None), ('token_type', None))
+  _task_defaults(c, task)
+  return c
+
+
+def _data_config(task: str) -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.max_seq_length = 128  # tokens with [CLS]/[SEP]; longer inputs are truncated
+  if task in GLUE:
+    d.glue_dir = ''  # the task's directory of the GLUE download (glue_data/MRPC) or its root
+    d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
+  elif task in ('mr', 'mr_regression'):
+    # vaderSentiment-3.3.2.tar.gz, hutto_ICWSM_2014.tar.gz or the ratings .txt; empty:
+    # download the sdist with pip into mr_cache_dir (SHA-256 checked).
+    d.mr_file = ''
+    d.mr_cache_dir = 'runs/cache/mr'  # where fetch_mr keeps the sdist
+    d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/mr.py)
+  elif task == 'conll':
+    d.train_file = ''  # CoNLL-2003 column files: word POS chunk NER
+    d.dev_file = ''
+    d.test_file = ''  # optional; labelled, so the best-dev epoch's test F1 is reported
+    d.labels = ''  # comma list of tags; empty: CoNLL-2003's if the data fits, else the train's
+  elif task in ('squad', 'squad_v2'):
+    d.train_file = ''  # train-v1.1.json / train-v2.0.json
+    d.dev_file = ''  # dev-v1.1.json / dev-v2.0.json
+    d.max_seq_length = 384  # window length: [CLS] question [SEP] context [SEP]
+    d.doc_stride = 128  # context tokens between window starts
+    d.max_query_length = 64  # question tokens kept
+    d.n_best_size = 20  # candidate starts and ends per window
+    d.max_answer_length = 30  # tokens
+    d.null_score_diff_threshold = 0.0  # squad_v2: answer "" when null beats spans by this
+  else:  # generic
+    d.train_file = ''  # .csv / .tsv (header names the columns) / .jsonl
+    d.dev_file = ''
+    d.test_file = ''  # optional; scored if it has the label column, else predicted (predictions/)
+    d.text_a = 'sentence'  # column names
+    d.text_b = ''  # empty: single sentences
+    d.label = 'label'  # the label column (classification or, with regression, a number)
+    d.labels = ''  # comma list fixing the label order; empty: sorted train labels
+    d.regression = False  # labels are numbers: MSE loss, Pearson/Spearman
+    d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
+  return d
+
+
+def _task_defaults(c: ml_collections.ConfigDict, task: str) -> None:
+  if task in ('conll', 'squad', 'squad_v2'):
+    c.optimizer.learning_rate = 5e-5
+  if task == 'squad_v2':  # the paper: 2 epochs, batch 48 for SQuAD 2.0
+    c.train.num_epochs = 2
+    c.train.batch_size = 48

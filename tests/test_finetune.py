@@ -1,0 +1,515 @@
+"""The fine-tuning entry point end to end on tiny tasks a tiny random-init BERT can learn:
+classification (multi-seed, export parity with transformers), regression, CoNLL tagging,
+SQuAD, exact resume, progress lines and bad-input errors."""
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, start_points
+from bert_jax.model import BertConfig
+from bert_jax.progress import LineProgress, progress_bar
+from configs import finetune as finetune_configs
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+FILLER = ['the', 'a', 'film', 'plot', 'actor', 'scene', 'is', 'was', 'and', 'it', 'of', 'story',
+          'music', 'very', 'quite', 'long', 'short', 'new', 'old', 'this', 'that', 'with']
+MARKERS = ['good', 'great', 'bad', 'awful', 'alice', 'bob', 'paris', 'rome', 'who', 'went',
+           'to', '?', '.']
+
+
+def tiny_start(directory, tokenizer, seed=0):
+  """A random-init (HF's init) BERT-tiny saved by transformers, with our tokenizer's files."""
+  torch.manual_seed(seed)
+  cfg = BertConfig.from_preset('tiny', vocab_size=tokenizer.vocab_size)
+  hf_cfg = transformers.BertConfig(**{k: v for k, v in hf.config_to_hf(cfg).items()
+                                      if k not in ('architectures', 'model_type')})
+  transformers.BertForPreTraining(hf_cfg).save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return str(directory)
+
+
+@pytest.fixture(scope='module')
+def start_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp('start')
+  vocab = d / 'vocab.txt'
+  vocab.write_text('\n'.join(SPECIALS + FILLER + MARKERS) + '\n')
+  return tiny_start(d / 'hf', WordPieceTokenizer(str(vocab), do_lower_case=True))
+
+
+def sentences(rng, n, positive=('good', 'great'), negative=('bad', 'awful')):
+  """Filler sentences with two sentiment words each, alternately from `positive` and
+  `negative`: (text, is positive). Learnable from any position, so a few steps suffice."""
+  out = []
+  for i in range(n):
+    words = [rng.choice(FILLER) for _ in range(rng.randint(3, 7))]
+    words += [rng.choice(positive if i % 2 else negative) for _ in range(2)]
+    rng.shuffle(words)
+    out.append((' '.join(words), bool(i % 2)))
+  rng.shuffle(out)
+  return out
+
+
+def write_table(path, rows, header=('sentence', 'label')):
+  path.write_text('\t'.join(header) + '\n' + ''.join('\t'.join(map(str, r)) + '\n' for r in rows))
+  return str(path)
+
+
+def config(task, start, **overrides):
+  c = finetune_configs.get_config(task)
+  c.init = start
+  c.data.max_seq_length = 32
+  c.train.batch_size = 16
+  c.train.eval_batch_size = 32
+  c.train.log_every = 1
+  c.optimizer.learning_rate = 5e-4  # a random-init encoder, not a pre-trained one
+  for key, value in overrides.items():
+    node = c
+    *path, last = key.split('.')
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return c
+
+
+def classification_files(tmp_path):
+  rng = random.Random(0)
+  label = lambda has: 'pos' if has else 'neg'
+  files = {}
+  for split, n in (('train', 192), ('dev', 48), ('test', 48)):
+    rows = [(text, label(has)) for text, has in sentences(rng, n)]
+    files[split] = write_table(tmp_path / f'{split}.tsv', rows)
+  return files
+
+
+def generic_config(files, start, **overrides):
+  return config('generic', start, **{'data.train_file': files['train'],
+                                     'data.dev_file': files['dev'],
+                                     'data.test_file': files['test'], **overrides})
+
+
+def export_matches_ours(path, auto_class, enc):
+  """Load an export in transformers and with our start-point loader; both give the same
+  logits (<= 1e-4) on `enc`. Returns transformers' model and outputs."""
+  model, info = auto_class.from_pretrained(path, output_loading_info=True)
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+  model.eval()
+  with torch.no_grad():
+    theirs = model(**{k: torch.from_numpy(v) for k, v in enc.items()})
+  start = start_points.load_start_point(path)
+  head, params = start_points.init_head_params(start)
+  ours = heads.build_model(start.cfg, head).apply(
+      {'params': params}, enc['input_ids'], enc['attention_mask'], enc['token_type_ids'])
+  pairs = ([(ours.start_logits, theirs.start_logits), (ours.end_logits, theirs.end_logits)]
+           if head.task == heads.SPAN else [(ours, theirs.logits)])
+  for a, b in pairs:
+    assert np.max(np.abs(np.asarray(a) - b.numpy())) <= 1e-4
+  return model, theirs
+
+
+def encode(path, texts, pairs=None, length=32):
+  tok = transformers.AutoTokenizer.from_pretrained(path)
+  enc = tok(texts, pairs, padding='max_length', max_length=length, truncation=True,
+            return_tensors='np')
+  return {k: v.astype(np.int64) for k, v in enc.items()}
+
+
+def read_json(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+# ----------------------------------------------------------------------------- classification
+
+
+@pytest.fixture(scope='module')
+def classified(start_dir, tmp_path_factory):
+  """Generic TSV classification, 2 seeds x 3 epochs: (files, workdir, returned results)."""
+  d = tmp_path_factory.mktemp('classified')
+  files = classification_files(d)
+  workdir = str(d / 'run')
+  return files, workdir, finetune.run(generic_config(files, start_dir, seeds=2), workdir)
+
+
+def test_classification_learns_reports_seeds_and_exports_what_transformers_loads(classified):
+  files, workdir, returned = classified
+  saved = read_json(os.path.join(workdir, 'results.json'))
+  assert saved['seeds'] == [0, 1] and saved['complete'] and saved['selected_on'] == 'dev'
+  assert saved['baseline_kind'] == 'majority-class'
+  for split in ('dev', 'test'):
+    s = saved['splits'][split]
+    assert s['headline_metric'] == 'accuracy'
+    assert abs(s['baseline']['accuracy'] - 0.5) <= 0.05  # half the sentences are positive
+    acc = s['summary']['accuracy']
+    assert len(acc['values']) == 2 and acc['min'] <= acc['median'] <= acc['max']
+    assert acc['median'] >= 0.9, (split, acc)  # learnt: far above the baseline
+  for run in saved['runs']:
+    losses = [h['train_loss'] for h in run['history']]
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.3, losses
+    assert run['export'] == os.path.join(workdir, 'hf_export', f'seed_{run["seed"]}')
+    assert run['history'][run['best_epoch'] - 1].get('best')
+  assert returned['runs'][1]['scores'] == saved['runs'][1]['scores']
+  table = open(os.path.join(workdir, 'results.md')).read()
+  assert '| median (min-max) of 2 |' in table and '| majority-class baseline | | 0.5' in table
+
+  # The export is the best epoch's model: transformers reproduces its dev accuracy exactly,
+  # and our model on the exported weights gives the same logits.
+  run = saved['runs'][0]
+  rows = [line.split('\t') for line in open(files['dev']).read().splitlines()[1:]]
+  model, out = export_matches_ours(run['export'], transformers.AutoModelForSequenceClassification,
+                                   encode(run['export'], [r[0] for r in rows]))
+  assert model.config.id2label == {0: 'neg', 1: 'pos'}
+  labels = np.array([model.config.label2id[r[1]] for r in rows])
+  assert np.mean(out.logits.numpy().argmax(-1) == labels) == run['scores']['dev']['accuracy']
+
+
+def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_path, monkeypatch):
+  """SIGTERM during step 5 (saved there), then stopped after epoch 1 (as a time-limited job
+  would be), the same command continues to the same params, losses and scores as seed 0 of
+  the uninterrupted 3-epoch run."""
+  files, whole_dir, whole = classified
+  workdir = str(tmp_path / 'resumed')
+  real_step, steps = finetune.Program.train_step, []
+
+  def step_then_sigterm(self, state, batch):
+    out = real_step(self, state, batch)
+    steps.append(1)
+    if len(steps) == 5:
+      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
+    return out
+
+  monkeypatch.setattr(finetune.Program, 'train_step', step_then_sigterm)
+  preempted = finetune.run(generic_config(files, start_dir), workdir)
+  monkeypatch.undo()
+  assert preempted['runs'][0]['step'] == 5 and not preempted['complete']
+  assert preempted['runs'][0]['best_epoch'] is None
+  assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 5
+  first = finetune.run(generic_config(files, start_dir, **{'train.stop_after_epoch': 1}),
+                       workdir)
+  assert not first['complete'] and first['runs'][0]['epochs_done'] == 1
+  assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
+  second = finetune.run(generic_config(files, start_dir), workdir)
+  assert second['complete']
+  strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}
+                           for h in history]
+  assert strip(second['runs'][0]['history']) == strip(whole['runs'][0]['history'])
+  assert second['runs'][0]['scores'] == whole['runs'][0]['scores']
+  step, ours = checkpointing.restore_params(os.path.join(workdir, 'seed_0'))
+  whole_step, theirs = checkpointing.restore_params(os.path.join(whole_dir, 'seed_0'))
+  assert step == whole_step == 36
+  for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+    np.testing.assert_array_equal(a, b)
+  again = finetune.run(generic_config(files, start_dir), workdir)  # finished: nothing to do
+  assert again['runs'][0]['history'] == second['runs'][0]['history']
+  with pytest.raises(ValueError, match=r"'total_steps': 36}.*'total_steps': 48}.*"
+                                       'train.stop_after_epoch ends a run early'):
+    finetune.run(generic_config(files, start_dir, **{'train.num_epochs': 4}), workdir)
+
+
+# ----------------------------------------------------------------------------- other tasks
+
+
+def test_mr_format_regression(start_dir, tmp_path):
+  """MR's ratings file, `mr_regression`: MSE on the rating, Pearson far above the mean
+  baseline (whose correlation is undefined: null in results.json)."""
+  rng = random.Random(1)
+  lines = [f'{i}\t{(2.0 if positive else -2.0) + rng.uniform(-1, 1):.3f}\t{text}'
+           for i, (text, positive) in enumerate(sentences(rng, 240))]
+  path = tmp_path / 'movieReviewSnippets_GroundTruth.txt'
+  path.write_text('\r\n'.join(lines))
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('mr_regression', start_dir, **{'data.mr_file': str(path)}),
+                         workdir)
+  dev = results['splits']['dev']
+  assert dev['headline_metric'] == 'pearson' and results['baseline_kind'] == 'mean-prediction'
+  assert results['runs'][0]['scores']['dev']['pearson'] >= 0.8
+  assert 'test' in results['runs'][0]['scores']
+  assert read_json(os.path.join(workdir, 'results.json'))['splits']['dev']['baseline'][
+      'pearson'] is None
+  assert results['runs'][0]['scores']['dev']['mse'] < dev['baseline']['mse'] / 4
+  texts = [line.split('\t')[2] for line in lines[:8]]
+  model, _ = export_matches_ours(os.path.join(workdir, 'hf_export'),
+                                 transformers.AutoModelForSequenceClassification,
+                                 encode(os.path.join(workdir, 'hf_export'), texts))
+  assert model.config.problem_type == 'regression' and model.config.num_labels == 1
+
+
+def conll_text(rng, n):
+  """Sentences where alice/bob are people and paris/rome places, CoNLL-2003 columns."""
+  tags = {'alice': 'PER', 'bob': 'PER', 'paris': 'LOC', 'rome': 'LOC'}
+  lines = ['-DOCSTART- -X- -X- O', '']
+  for _ in range(n):
+    words = [rng.choice(FILLER) for _ in range(rng.randint(3, 6))] + rng.sample(list(tags), 2)
+    rng.shuffle(words)
+    lines += [f'{w} NN I-NP {"B-" + tags[w] if w in tags else "O"}' for w in words] + ['']
+  return '\n'.join(lines)
+
+
+def test_conll_token_tagging(start_dir, tmp_path):
+  rng = random.Random(2)
+  files = {}
+  for split, n in (('train', 160), ('dev', 32), ('test', 32)):
+    files[split] = tmp_path / f'{split}.txt'
+    files[split].write_text(conll_text(rng, n))
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('conll', start_dir, **{
+      f'data.{s}_file': str(p) for s, p in files.items()}), workdir)
+  dev = results['splits']['dev']
+  assert dev['headline_metric'] == 'entity_f1' and results['baseline_kind'] == 'majority-tag'
+  assert dev['baseline']['f1'] == 0.0  # all O: no entity found
+  scores = results['runs'][0]['scores']
+  assert scores['dev']['f1'] >= 0.8 and scores['test']['f1'] >= 0.8, scores
+  export = os.path.join(workdir, 'hf_export')
+  model, _ = export_matches_ours(export, transformers.AutoModelForTokenClassification,
+                                 encode(export, ['alice went to rome with bob']))
+  assert model.config.id2label[1] == 'B-PER' and model.config.num_labels == 9
+
+
+def squad_json(rng, n, prefix):
+  """Who-went-where questions over two-sentence contexts (SQuAD 1.1 JSON)."""
+  paragraphs = []
+  for i in range(n):
+    names, cities = rng.sample(['alice', 'bob'], 2), rng.sample(['paris', 'rome'], 2)
+    filler = ' '.join(rng.choice(FILLER) for _ in range(rng.randint(2, 5)))
+    context = (f'{filler} . {names[0]} went to {cities[0]} . {names[1]} went to '
+               f'{cities[1]} .')
+    k = rng.randrange(2)
+    start = context.index(f'{names[k]} went to {cities[k]}')
+    paragraphs.append({'context': context, 'qas': [{
+        'id': f'{prefix}{i}', 'question': f'who went to {cities[k]} ?',
+        'answers': [{'text': names[k], 'answer_start': start}]}]})
+  return json.dumps({'version': '1.1', 'data': [{'title': 't', 'paragraphs': paragraphs}]})
+
+
+def test_squad_spans(start_dir, tmp_path):
+  rng = random.Random(3)
+  for split, n in (('train', 96), ('dev', 24)):
+    (tmp_path / f'{split}.json').write_text(squad_json(rng, n, split))
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('squad', start_dir, **{
+      'data.train_file': str(tmp_path / 'train.json'),
+      'data.dev_file': str(tmp_path / 'dev.json'), 'data.max_seq_length': 48,
+      'data.doc_stride': 16, 'data.max_query_length': 16}), workdir)
+  dev = results['splits']['dev']
+  assert dev['headline_metric'] == 'f1' and results['baseline_kind'] == 'no-answer'
+  assert dev['baseline']['exact_match'] == 0.0 and dev['baseline']['f1'] == 0.0
+  history = results['runs'][0]['history']
+  assert history[-1]['train_loss'] < history[0]['train_loss'] - 0.5, history
+  assert 0 <= results['runs'][0]['scores']['dev']['f1'] <= 100
+  export = os.path.join(workdir, 'hf_export')
+  export_matches_ours(export, transformers.AutoModelForQuestionAnswering,
+                      encode(export, ['who went to paris ?'], ['bob went to paris .'], 48))
+
+
+def test_glue_task_writes_leaderboard_predictions(start_dir, tmp_path):
+  """SST-2's files in GLUE's layout: GLUE's metrics on dev, and the test split (no labels)
+  predicted into the leaderboard's SST-2.tsv."""
+  rng = random.Random(4)
+  glue_dir = tmp_path / 'SST-2'
+  glue_dir.mkdir()
+  for split, n in (('train', 64), ('dev', 16)):
+    write_table(glue_dir / f'{split}.tsv', [(t, int(p)) for t, p in sentences(rng, n)])
+  test = [(i, t) for i, (t, _) in enumerate(sentences(rng, 20))]
+  write_table(glue_dir / 'test.tsv', test, header=('index', 'sentence'))
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('sst2', start_dir, **{
+      'data.glue_dir': str(glue_dir), 'train.num_epochs': 1}), workdir)
+  dev = results['runs'][0]['scores']['dev']
+  assert set(dev) == {'accuracy', 'headline', 'score'}
+  assert list(results['splits']) == ['dev']  # the unlabelled test split is predicted only
+  path = os.path.join(workdir, 'seed_0', 'glue_submission', 'SST-2.tsv')
+  assert results['prediction_files'] == [path]
+  lines = open(path).read().splitlines()
+  assert lines[0] == 'index\tprediction' and len(lines) == 21
+  assert {line.split('\t')[1] for line in lines[1:]} <= {'0', '1'}
+  assert [int(line.split('\t')[0]) for line in lines[1:]] == list(range(20))
+
+
+# ----------------------------------------------------------------------------- progress, CLI
+
+
+def test_progress_writes_whole_lines_when_not_a_terminal(monkeypatch):
+  out = io.StringIO()
+  bar = LineProgress(total=10, desc='seed 0', unit='step', interval=0.0, file=out)
+  for _ in range(10):
+    bar.update(1)
+    bar.set_postfix(loss='0.5000', refresh=False)
+  bar.write('seed 0 epoch 1: dev accuracy=1.0000')
+  bar.close()
+  text = out.getvalue()
+  assert '\r' not in text and text.endswith('\n')
+  lines = text.splitlines()  # one per update (interval 0), the written one, close()'s
+  assert len(lines) == 12 and lines[0].startswith('seed 0: 1/10 step (10%), ')
+  assert lines[9].startswith('seed 0: 10/10 step (100%)') and lines[9].endswith(' loss=0.5000')
+  assert lines[10] == 'seed 0 epoch 1: dev accuracy=1.0000'
+  monkeypatch.setattr(sys, 'stderr', out)  # not a terminal
+  assert isinstance(progress_bar(10), LineProgress)
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  monkeypatch.setattr(sys, 'stderr', Terminal())
+  assert not isinstance(progress_bar(10), LineProgress)
+
+
+def run_cli(workdir, *args):
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}', *args]
+  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_dir, tmp_path):
+  files = classification_files(tmp_path)
+  unlabelled = write_table(tmp_path / 'unlabelled.tsv', [('good film',), ('awful plot',)],
+                           header=('sentence',))
+  out = run_cli(tmp_path / 'run', '--config=configs/finetune.py:generic', f'--init={start_dir}',
+                f'--config.data.train_file={files["train"]}',
+                f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={unlabelled}',
+                '--config.train.num_epochs=1',
+                '--config.data.max_seq_length=32', '--config.export=False',
+                '--config.model.dtype=bfloat16')
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
+  assert 'seed 0: 6/6 step (100%)' in out.stderr
+  assert out.stdout.startswith('# generic from ') and '| majority-class baseline |' in out.stdout
+  predictions = tmp_path / 'run' / 'seed_0' / 'predictions' / 'test.tsv'
+  assert f'Test predictions (best epoch): {predictions}' in out.stdout
+  lines = predictions.read_text().splitlines()
+  assert lines[0] == 'index\tprediction' and [line.split('\t')[0] for line in lines[1:]] == [
+      '0', '1'] and {line.split('\t')[1] for line in lines[1:]} <= {'neg', 'pos'}
+
+  out = run_cli(tmp_path / 'bad', '--config=configs/finetune.py:generic', f'--init={start_dir}',
+                '--config.data.train_file=/nope/train.tsv', '--config.data.dev_file=/nope/d.tsv')
+  assert out.returncode != 0
+  assert 'error: /nope/train.tsv: no such file' in out.stderr
+  assert 'Traceback' not in out.stderr
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_errors_name_the_field_and_the_fix(start_dir, tmp_path):
+  files = classification_files(tmp_path)
+  run = lambda **kw: finetune.run(generic_config(files, start_dir, **kw), str(tmp_path / 'w'))
+  with pytest.raises(FileNotFoundError, match='nope.tsv: no such file'):
+    run(**{'data.train_file': str(tmp_path / 'nope.tsv')})
+  empty = write_table(tmp_path / 'empty.tsv', [])
+  with pytest.raises(ValueError, match='empty.tsv: no examples'):
+    run(**{'data.dev_file': empty})
+  with pytest.raises(ValueError, match="unknown label 'maybe'"):
+    run(**{'data.dev_file': write_table(tmp_path / 'odd.tsv', [('a film', 'maybe')])})
+  with pytest.raises(ValueError, match='data.dev_file is empty: set --config.data.dev_file'):
+    run(**{'data.dev_file': ''})
+  with pytest.raises(ValueError, match='no start point: pass --init'):
+    run(init='')
+  with pytest.raises(ValueError, match='max_seq_length=1024 exceeds .* max_position_embeddings'
+                                       '=512'):
+    run(**{'data.max_seq_length': 1024})
+  with pytest.raises(ValueError, match='train.batch_size=12 must be a positive multiple of 8'):
+    run(**{'train.batch_size': 12})
+  with pytest.raises(ValueError, match='config.seeds=0: need at least one run'):
+    run(seeds=0)
+  assert finetune.seed_list(3, 5) == [5, 6, 7] and finetune.seed_list((1, 7), 0) == [1, 7]
+  with pytest.raises(ValueError, match='unknown task'):
+    finetune_configs.get_config('glue')
+
+
+def test_a_start_points_head_with_other_labels_is_refused(start_dir, tmp_path):
+  start = start_points.load_start_point(start_dir)
+  head = heads.Head(heads.SEQUENCE, num_labels=3, labels=('neg', 'neu', 'pos'))
+  _, params = start_points.init_head_params(start, head, rng=jax.random.key(0))
+  three_way = hf_heads.save_finetuned(str(tmp_path / 'three'), start.cfg, head, params,
+                                      tokenizer=start.tokenizer)
+  files = classification_files(tmp_path)
+  with pytest.raises(ValueError, match=r"head was trained with labels \['neg', 'neu', 'pos'\], "
+                                       r"but task generic has labels \['neg', 'pos'\]; pass "
+                                       '--config.fresh_head=True'):
+    finetune.run(generic_config(files, three_way), str(tmp_path / 'w'))
+  records = finetune_tasks.TaskRecords('generic', 'classification', [], [], ('neg', 'pos'))
+  assert finetune_tasks.reconcile_labels(records, head, three_way, fresh_head=True) == (
+      'neg', 'pos')
+  flipped = heads.Head(heads.SEQUENCE, num_labels=2, labels=('pos', 'neg'))
+  assert finetune_tasks.reconcile_labels(records, flipped, 'x', fresh_head=False) == (
+      'pos', 'neg')  # the head's own order, so its rows keep their meaning
+
+
+def test_squad_v1_config_refuses_a_v2_file(start_dir, tmp_path):
+  data = json.loads(squad_json(random.Random(5), 4, 'q'))
+  data['data'][0]['paragraphs'][0]['qas'][0].update(answers=[], is_impossible=True)
+  path = tmp_path / 'v2.json'
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match='1 questions have no answer .*use configs/finetune.py:'
+                                       'squad_v2'):
+    finetune.run(config('squad', start_dir, **{'data.train_file': str(path),
+                                               'data.dev_file': str(path)}), str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- task plumbing
+
+
+def test_mnli_splits_scores_in_a_heads_label_order_and_leaderboard_files(start_dir, tmp_path):
+  """MNLI from the GLUE root: matched and mismatched dev, both test files and the AX
+  diagnostic; with a start point's label order, GLUE's metrics still see GLUE's ids."""
+  root = tmp_path / 'glue'
+  (root / 'MNLI').mkdir(parents=True)
+  (root / 'diagnostic').mkdir()
+  names = ('contradiction', 'entailment', 'neutral')
+  labelled = [(i, f'a film {i}', 'the plot', names[i % 3]) for i in range(6)]
+  unlabelled = [(i, 'a film', 'the plot') for i in range(4)]
+  for split in ('train', 'dev_matched', 'dev_mismatched'):
+    write_table(root / 'MNLI' / f'{split}.tsv', labelled,
+                ('index', 'sentence1', 'sentence2', 'gold_label'))
+  for path in ('MNLI/test_matched', 'MNLI/test_mismatched', 'diagnostic/diagnostic'):
+    write_table(root / f'{path}.tsv', unlabelled, ('index', 'sentence1', 'sentence2'))
+  c = config('mnli', start_dir, **{'data.glue_dir': str(root)})
+  records = finetune_tasks.read_task(c)
+  assert [(s.name, s.role, s.glue_name) for s in records.splits] == [
+      ('dev_matched', 'dev', 'MNLI-m'), ('dev_mismatched', 'dev', 'MNLI-mm'),
+      ('test_matched', 'test', 'MNLI-m'), ('test_mismatched', 'test', 'MNLI-mm'),
+      ('test_ax', 'test', 'AX')]
+  order = ('neutral', 'entailment', 'contradiction')  # as a start point's head might have it
+  tok = start_points.load_start_point(start_dir).tokenizer
+  task = finetune_tasks.featurize(records, order, tok, c.data)
+  dev = task.evals[0]
+  gold = np.eye(3)[dev.arrays['labels']]
+  assert task.score(dev, {'logits': gold})['accuracy'] == 1.0
+  assert task.score(dev, {'logits': np.roll(gold, 1, axis=1)})['accuracy'] == 0.0
+  assert task.baseline(dev)['accuracy'] == pytest.approx(1 / 3)
+  assert task.headline_name(dev) == 'accuracy' and task.select_split is dev
+  path = task.write_predictions(task.evals[4], {'logits': np.eye(3)[[0, 1, 2, 0]]},
+                                str(tmp_path / 'seed_0'))
+  assert path == str(tmp_path / 'seed_0' / 'glue_submission' / 'AX.tsv')
+  assert open(path).read().splitlines()[1:] == [
+      '0\tneutral', '1\tentailment', '2\tcontradiction', '3\tneutral']
+
+
+def test_squad_v2_no_answer_baseline_and_positions(start_dir, tmp_path):
+  data = json.loads(squad_json(random.Random(6), 8, 'q'))
+  for p in data['data'][0]['paragraphs'][:2]:  # two unanswerable questions of eight
+    p['qas'][0].update(answers=[], is_impossible=True)
+  path = tmp_path / 'v2.json'
+  path.write_text(json.dumps(data))
+  c = config('squad_v2', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path),
+                                       'data.max_seq_length': 48, 'data.max_query_length': 16})
+  records = finetune_tasks.read_task(c)
+  task = finetune_tasks.featurize(records, (), start_points.load_start_point(start_dir).tokenizer,
+                                  c.data)
+  assert task.head.task == heads.SPAN and task.squad_v2
+  starts = task.train['start_positions']
+  assert (starts[:2] == 0).all() and (starts[2:] > 0).all()  # impossible -> [CLS]
+  baseline = task.baseline(task.evals[0])
+  assert baseline['exact'] == 25.0 and baseline['NoAns_exact'] == 100.0
+  assert baseline['HasAns_exact'] == 0.0
