@@ -335,6 +335,9 @@ def publish_dir(path: str, write, *, overwrite: bool = False, last: str = 'confi
   parent = os.path.dirname(path)
   makedirs(parent)
   tmp = tempfile.mkdtemp(prefix='.publish-', dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
   try:
     write(tmp)
     old = None
