@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import math
 import os
 import time
 
@@ -38,7 +39,6 @@ def _say(msg: str) -> None:
 def prepare_data(workdir: str, dupe_factor: int) -> dict[str, str]:
   from input_pipeline import corpus  # pylint: disable=g-import-not-at-top
   from input_pipeline import create_pretraining_data as cpd
-  from input_pipeline.instances import MaskingConfig
   from input_pipeline.tokenizer import WordPieceTokenizer
   data = fs.join(workdir, 'data')
   paths = {'train_text': fs.join(data, 'train.txt'), 'eval_text': fs.join(data, 'eval.txt'),
@@ -54,23 +54,39 @@ def prepare_data(workdir: str, dupe_factor: int) -> dict[str, str]:
   words = sum(len(s.split()) for d in docs for s in d)
   _say(f'embedded corpus: {len(docs)} documents, {words:,} words (1 in 20 held out)')
   WordPieceTokenizer.train((s for i, d in enumerate(docs) if i % 20 for s in d), 8192, data)
-  masking = MaskingConfig(max_seq_length=128, max_predictions_per_seq=20)
-  for split, dupe, shards in (('train', dupe_factor, 2), ('eval', 1, 1)):
-    job = cpd.Job(output_file=paths[split], masking=masking, vocab_file=paths['vocab'],
-                  input_file=paths[f'{split}_text'], dupe_factor=dupe, num_shards=shards,
-                  num_workers=shards, window_chars=400_000)
-    stats = cpd.run(job)
+  for split in ('train', 'eval'):
+    stats = cpd.run(records_job(paths, split, paths[split], dupe_factor))
     _say(f'{split}: {stats["instances"]:,} instances in {stats["seconds"]}s '
          f'(masked {stats["masked_fraction"]:.3f}, random-next {stats["nsp_random_next_fraction"]:.3f}, '
          f'padding {stats["padding_fraction"]:.3f})')
   return paths
 
 
-def majority_baseline(eval_files: str) -> float:
+def records_job(paths: dict[str, str], split: str, output_file: str, dupe_factor: int,
+                sentence_objective: str = 'nsp', masked_lm_prob: float = 0.15):
+  """The demo's data-creation job for `split` ('train' or 'eval') of `prepare_data`'s text and
+  vocab: 128-token rows, 2 shards and workers for train, 1 for eval. A function so that
+  benchmarks/ablation.py writes its other objectives and masking rates exactly as the demo
+  writes its NSP records; the prediction cap grows with the rate (the reference's 20 is
+  128 x 0.15 rounded up), else a higher rate would be clipped back to ~0.16."""
+  from input_pipeline import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
+  from input_pipeline.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
+  predictions = max(20, math.ceil(128 * masked_lm_prob))
+  masking = MaskingConfig(max_seq_length=128, max_predictions_per_seq=predictions,
+                          masked_lm_prob=masked_lm_prob)
+  shards = 2 if split == 'train' else 1
+  return cpd.Job(output_file=output_file, masking=masking, vocab_file=paths['vocab'],
+                 input_file=paths[f'{split}_text'], dupe_factor=dupe_factor if split == 'train'
+                 else 1, num_shards=shards, num_workers=shards, window_chars=400_000,
+                 sentence_objective=sentence_objective)
+
+
+def majority_baseline(eval_files: str, sentence_objective: str = 'nsp') -> float:
   """Accuracy of always predicting the most frequent masked token of the eval set."""
   from input_pipeline import dataset as data_lib  # pylint: disable=g-import-not-at-top
   counts: collections.Counter = collections.Counter()
-  cfg = data_lib.ReaderConfig(files=eval_files, batch_size=256)
+  cfg = data_lib.ReaderConfig(files=eval_files, batch_size=256,
+                              sentence_objective=sentence_objective)
   for batch in data_lib.DataIterator(data_lib.make_dataset(cfg, training=False)):
     ids, w = batch['masked_lm_ids'], batch['masked_lm_weights']
     counts.update(ids[w > 0].tolist())

@@ -46,10 +46,13 @@ def model_inputs(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def nsp_weights(batch) -> jax.Array:
+  """1 per real sentence label. Unpacked rows carry one each, except the all-padding rows the
+  eval reader appends to fill its last batch (label 0, input_mask 0): counted, they would
+  score the sentence head on rows that do not exist."""
   labels = batch['next_sentence_labels']
   if 'next_sentence_weights' in batch:
     return batch['next_sentence_weights'].astype(jnp.float32)
-  return jnp.ones(labels.shape, jnp.float32)
+  return (batch['input_mask'][:, 0] > 0).astype(jnp.float32).reshape(labels.shape)
 
 
 def loss_sums(output, batch, sentence_objective: str = 'nsp') -> dict[str, jax.Array]:
