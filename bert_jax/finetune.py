@@ -579,19 +579,13 @@ def markdown(results: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if FLAGS.coordinator_address:
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  elif FLAGS.tpu:
-    jax.distributed.initialize()
+  run_control.start_processes(FLAGS.coordinator_address, FLAGS.num_processes,
+                              FLAGS.process_id, FLAGS.tpu)
   config = FLAGS.config
   if FLAGS.init:
     config.init = FLAGS.init
-  try:
+  with run_control.user_errors():
     results = run(config, FLAGS.workdir)
-  except (OSError, ValueError, run_control.NonFiniteError) as e:
-    # Our own errors say what is wrong and what to do; a traceback adds nothing for users.
-    logging.error('%s', e)
-    raise SystemExit(f'error: {e}') from None
   if jax.process_index() == 0:
     print(markdown(results), end='')
 

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import heads, sharding as shd
+from bert_jax import heads
 from bert_jax.model import BertConfig
-from bert_jax.train_step import TrainState, shardings_for
+from bert_jax.train_step import TrainState, jit_readout, jit_update, shardings_for
 
 MODEL_INPUTS = ('input_ids', 'input_mask', 'segment_ids')
 
@@ -111,24 +111,10 @@ def jit_train_step(cfg: BertConfig, head: heads.Head, kind: str, tx, schedule, m
                    shardings: TrainState):
   step = functools.partial(train_step, model=heads.build_model(cfg, head), tx=tx,
                            schedule=schedule, kind=kind)
-  jitted = jax.jit(step, in_shardings=(shardings, shd.batch_sharding(mesh)),
-                   out_shardings=(shardings, shd.replicated(mesh)), donate_argnums=0)
-
-  def run(state, batch):
-    with shd.activate(mesh, rules):
-      return jitted(state, batch)
-
-  return run
+  return jit_update(step, shardings, mesh, rules)
 
 
 def jit_predict_step(cfg: BertConfig, head: heads.Head, mesh, rules, shardings: TrainState):
   """Outputs replicated, so every process can score the whole split."""
   step = functools.partial(predict_step, model=heads.build_model(cfg, head))
-  jitted = jax.jit(step, in_shardings=(shardings.params, shd.batch_sharding(mesh)),
-                   out_shardings=shd.replicated(mesh))
-
-  def run(params, batch):
-    with shd.activate(mesh, rules):
-      return jitted(params, batch)
-
-  return run
+  return jit_readout(step, shardings.params, mesh, rules)

@@ -13,6 +13,8 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import run_control
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_tiny.py.')
 flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and TensorBoard logs go here.')
@@ -29,17 +31,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   import jax  # pylint: disable=g-import-not-at-top
-  if FLAGS.coordinator_address:
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  elif FLAGS.tpu:
-    jax.distributed.initialize()
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
-  try:
+  run_control.start_processes(FLAGS.coordinator_address, FLAGS.num_processes,
+                              FLAGS.process_id, FLAGS.tpu)
+  with run_control.user_errors():
     result = run_mode(FLAGS.config)
-  except (OSError, ValueError, train.NonFiniteError) as e:
-    # Our own errors say what is wrong and what to do; a traceback adds nothing for users.
-    logging.error('%s', e)
-    raise SystemExit(f'error: {e}') from None
   if jax.process_index() == 0:
     logging.info('result: %s', result)
     print(json.dumps(result, indent=2, default=str))

@@ -223,6 +223,13 @@ def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps
   step = functools.partial(train_step, model=BertForPreTraining(model_cfg), tx=tx,
                            schedule=schedule, accum_steps=accum_steps,
                            sentence_objective=sentence_objective)
+  return jit_update(step, shardings, mesh, rules)
+
+
+def jit_update(step, shardings: TrainState, mesh, rules):
+  """`step(state, batch) -> (state, metrics)` jitted with the state's shardings, the state
+  donated and the metrics replicated, run under the logical-axis rules (pre-training and
+  fine-tuning alike)."""
   jitted = jax.jit(step, in_shardings=(shardings, shd.batch_sharding(mesh)),
                    out_shardings=(shardings, shd.replicated(mesh)), donate_argnums=0)
 
@@ -234,12 +241,10 @@ def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps
   return run
 
 
-def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules, sentence_objective: str = 'nsp'):
-  objectives.check_name(sentence_objective, 'data.sentence_objective')
-  shardings = state_shardings(model_cfg, tx, mesh, rules)
-  step = functools.partial(eval_step, model=BertForPreTraining(model_cfg),
-                           sentence_objective=sentence_objective)
-  jitted = jax.jit(step, in_shardings=(shardings.params, shd.batch_sharding(mesh)),
+def jit_readout(step, params_sharding, mesh, rules):
+  """`step(params, batch)` jitted with replicated outputs, so every process sees all of them
+  (eval sums, predictions to score)."""
+  jitted = jax.jit(step, in_shardings=(params_sharding, shd.batch_sharding(mesh)),
                    out_shardings=shd.replicated(mesh))
 
   def run(params, batch):
@@ -247,3 +252,11 @@ def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules, sentence_objective: st
       return jitted(params, batch)
 
   return run
+
+
+def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules, sentence_objective: str = 'nsp'):
+  objectives.check_name(sentence_objective, 'data.sentence_objective')
+  shardings = state_shardings(model_cfg, tx, mesh, rules)
+  step = functools.partial(eval_step, model=BertForPreTraining(model_cfg),
+                           sentence_objective=sentence_objective)
+  return jit_readout(step, shardings.params, mesh, rules)
