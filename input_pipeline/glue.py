@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from input_pipeline import fs
 
 from input_pipeline.tasks import (Example, check_label, data_error, read_lines,
                                   require_examples)
@@ -120,10 +121,10 @@ def glue_file(task: GlueTask, data_dir: str, split: str) -> str:
   the GLUE download's root (AX: `diagnostic/`)."""
   split = glue_split(task, split)
   subdir = 'diagnostic' if task.name == 'AX' else task.name
-  candidates = [os.path.join(d, f) for d in (data_dir, os.path.join(data_dir, subdir))
+  candidates = [fs.join(d, f) for d in (data_dir, fs.join(data_dir, subdir))
                 for f in task.files[split]]
   for path in candidates:
-    if os.path.isfile(path):
+    if fs.exists(path) and not fs.isdir(path):
       return path
   raise FileNotFoundError(f'{candidates[0]}: no such file (GLUE {task.name} {split}); pass '
                           f'the task directory of the GLUE download, e.g. glue_data/{task.name}')
@@ -292,9 +293,9 @@ def write_glue_submission(output_dir: str, name: str, indices: Sequence[int],
   if len(set(int(i) for i in indices)) != len(indices):
     raise ValueError(f'{name}: repeated test indices')
   values = [_prediction_text(task, p, name) for p in predictions]
-  os.makedirs(output_dir, exist_ok=True)
-  path = os.path.join(output_dir, f'{name}.tsv')
-  with open(path, 'w', encoding='utf-8') as f:
+  fs.makedirs(output_dir)
+  path = fs.join(output_dir, f'{name}.tsv')
+  with fs.writer(path, 'w') as f:
     f.write('index\tprediction\n')
     for index, value in zip(indices, values):
       f.write(f'{int(index)}\t{value}\n')

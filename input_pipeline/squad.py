@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from input_pipeline import fs
+
 from input_pipeline.tasks import data_error, require_examples
 from input_pipeline.tokenizer import Tokenizer, WordPieceTokenizer
 
@@ -115,8 +117,7 @@ def make_example(qas_id: str, question: str, context: str, answers: Sequence[Ans
 def read_squad(path: str) -> list[SquadExample]:
   """Every question of a SQuAD 1.1 or 2.0 JSON file (`is_impossible` absent means False)."""
   try:
-    with open(path, encoding='utf-8') as f:
-      data = json.load(f)
+    data = json.loads(fs.read_text(path))
   except FileNotFoundError:
     raise FileNotFoundError(f'{path}: no such file') from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
+
+from input_pipeline import fs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +63,9 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
   is an error naming the line (we never guess an encoding: a mis-decoded dataset trains fine
   and scores worse, which nobody notices).
   """
-  if not os.path.isfile(path):
+  if not fs.exists(path) or fs.isdir(path):
     raise FileNotFoundError(f'{path}: no such file')
-  with open(path, 'rb') as f:
+  with fs.open_read(path, 'rb') as f:
     for line_no, raw in enumerate(f, 1):
       try:
         text = raw.decode('utf-8-sig' if line_no == 1 else 'utf-8')
@@ -143,7 +146,7 @@ def _csv_fields(path: str) -> Iterator[tuple[int, list[str]]]:
   """CSV records with the line each starts on (a quoted field may span lines)."""
   for _ in read_lines(path):  # the encoding check, with line numbers
     pass
-  with open(path, encoding='utf-8-sig', newline='') as f:
+  with io.TextIOWrapper(fs.open_read(path, 'rb'), encoding='utf-8-sig', newline='') as f:
     reader = csv.reader(f)
     start = 1
     for fields in reader:

@@ -13,7 +13,11 @@ def torch_model(cfg: BertConfig, seed: int = 0) -> transformers.BertForPreTraini
   torch.manual_seed(seed)
   hf_cfg = transformers.BertConfig(**{k: v for k, v in hf.config_to_hf(cfg).items()
                                       if k not in ('architectures', 'model_type')})
-  model = transformers.BertForPreTraining(hf_cfg).eval()
+  return randomize(transformers.BertForPreTraining(hf_cfg).eval())
+
+
+def randomize(model):
+  """Every weight of an HF model random, LayerNorm scales near 1 (under the current seed)."""
   with torch.no_grad():
     for name, p in model.named_parameters():
       if 'LayerNorm.weight' in name:

@@ -48,14 +48,7 @@ def torch_head_model(cfg, head, seed=0):
   torch.manual_seed(seed)
   hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_heads.config_to_hf(cfg, head).items()
                                       if k not in ('architectures', 'model_type')})
-  model = HF_CLASSES[head.task](hf_cfg).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if 'LayerNorm.weight' in name:
-        p.copy_(1.0 + 0.1 * torch.randn_like(p))
-      else:
-        p.copy_(0.05 * torch.randn_like(p))
-  return model
+  return hf_reference.randomize(HF_CLASSES[head.task](hf_cfg).eval())
 
 
 def torch_logits(model, batch):
