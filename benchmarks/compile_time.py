@@ -27,7 +27,8 @@ def compile_seconds(cfg: BertConfig, batch: int = 8, seq: int = 128) -> float:
   state = ts.abstract_train_state(cfg, tx)
   batch_np = synthetic.random_batch(np.random.default_rng(0), batch, seq, 20, cfg.vocab_size)
   batch_abs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch_np.items()}
-  step = ts.jit_train_step(cfg, tx, schedule, mesh, shd.DEFAULT_RULES)
+  step = ts.jit_train_step(cfg, tx, schedule, ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES),
+                           mesh, shd.DEFAULT_RULES)
   t = time.perf_counter()
   with shd.activate(mesh, shd.DEFAULT_RULES):
     step.jitted.lower(state, batch_abs).compile()

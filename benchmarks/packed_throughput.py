@@ -32,8 +32,9 @@ def run(size: str, files: str, packed: bool, batch: int, steps: int = 10, warmup
   mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
   schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
   tx = optim.make_optimizer('adamw', schedule)
-  state = ts.create_train_state(cfg, tx, 0, mesh, shd.DEFAULT_RULES)
-  step = ts.jit_train_step(cfg, tx, schedule, mesh, shd.DEFAULT_RULES)
+  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
+  state = ts.create_train_state(cfg, tx, 0, shardings)
+  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
   reader = data_lib.ReaderConfig(files=files, batch_size=batch, max_seq_length=512,
                                  max_predictions_per_seq=80, packed=packed, seed=0)
   it = data_lib.DataIterator(data_lib.make_dataset(reader, training=True))

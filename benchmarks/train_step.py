@@ -32,8 +32,9 @@ def bench(size: str, dtype: str, seq: int = 128, preds: int = 20, steps: int = 1
   mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
   schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
   tx = optim.make_optimizer('adamw', schedule)
-  state = ts.create_train_state(cfg, tx, 0, mesh, shd.DEFAULT_RULES)
-  step = ts.jit_train_step(cfg, tx, schedule, mesh, shd.DEFAULT_RULES)
+  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
+  state = ts.create_train_state(cfg, tx, 0, shardings)
+  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
   rng = np.random.default_rng(0)
   batches = [shd.global_batch(synthetic.random_batch(rng, batch, seq, preds, cfg.vocab_size), mesh)
              for _ in range(2)]

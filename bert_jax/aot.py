@@ -43,38 +43,31 @@ def hbm_bytes(device_kind: str) -> int | None:
 
 
 def compile_for(config, devices) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import flops, optim, sharding as shd, train, train_step as ts
-  model_cfg = train.model_config(config)
-  mesh = shd.make_mesh(tuple(config.mesh), devices)
-  rules = shd.normalize_rules(config.sharding_rules)
-  tx, schedule = optim.from_config(config.optimizer, config.train.num_steps)
-  state = ts.abstract_train_state(model_cfg, tx)
+  """Compile the run's own train step (`run_setup`: the same mesh, shardings and batch layout,
+  packed or not, as `bert_jax.main` would use) for `devices` and report its memory."""
+  from bert_jax import flops, run_setup  # pylint: disable=g-import-not-at-top
+  setup = run_setup.from_config(config, devices)
   b, s, p = (config.train.global_batch_size, config.data.max_seq_length,
              config.data.max_predictions_per_seq)
-  i32, f32 = jax.numpy.int32, jax.numpy.float32
-  batch = {'input_ids': ((b, s), i32), 'input_mask': ((b, s), i32), 'segment_ids': ((b, s), i32),
-           'masked_lm_positions': ((b, p), i32), 'masked_lm_ids': ((b, p), i32),
-           'masked_lm_weights': ((b, p), f32), 'next_sentence_labels': ((b, 1), i32)}
-  batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in batch.items()}
-  step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, config.train.accum_steps,
-                           config.data.sentence_objective)
-  with shd.activate(mesh, rules):
-    compiled = step.jitted.lower(state, batch).compile()
+  step = setup.train_step()
+  with step.activate():
+    compiled = step.jitted.lower(setup.abstract_state(), setup.abstract_batch()).compile()
   mem = compiled.memory_analysis()
   per_chip = (mem.argument_size_in_bytes + mem.output_size_in_bytes +
               mem.temp_size_in_bytes - mem.alias_size_in_bytes)
   hbm = hbm_bytes(devices[0].device_kind)
   return {
       'device_kind': devices[0].device_kind, 'chips': len(devices),
-      'mesh': dict(mesh.shape), 'global_batch': b, 'seq_len': s,
+      'mesh': dict(setup.mesh.shape), 'global_batch': b, 'seq_len': s,
+      'packed': setup.layout.packed,
       'per_chip_gib': round(per_chip / 2**30, 2),
       'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
       'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
       'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
       'fits': (per_chip <= hbm) if hbm else None,
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
-      'model_tflops_per_step': round(flops.train_flops_per_step(model_cfg, b, s, p) / 1e12, 1),
+      'model_tflops_per_step': round(flops.train_flops_per_step(setup.model_cfg, b, s, p) / 1e12,
+                                     1),
   }
 
 

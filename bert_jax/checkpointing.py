@@ -58,6 +58,14 @@ def checkpoint_dir(workdir: str) -> str:
   return fs.join(fs.absolute(workdir), 'checkpoints')
 
 
+def data_process_count(workdir: str, step: int) -> int | None:
+  """How many processes saved their data position in `step` (None: no data item)."""
+  directory = fs.join(checkpoint_dir(workdir), str(step), 'data')
+  if not fs.isdir(directory):
+    return None
+  return sum(1 for p in fs.listdir(directory) if fs.basename(p).startswith('process_'))
+
+
 def make_manager(workdir: str, *, max_to_keep: int = 3, keep_period: int | None = None,
                  async_save: bool = True) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(

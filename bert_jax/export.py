@@ -35,7 +35,7 @@ def run_tokenizer(config):
 
 def export_workdir(workdir: str, output: str, step: int | None = None, config=None,
                    overwrite: bool = True) -> str:
-  from bert_jax.train import model_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.run_setup import model_config  # pylint: disable=g-import-not-at-top
   config = config if config is not None else load_run_config(workdir)
   step, params = checkpointing.restore_params(workdir, step)
   cfg = model_config(config).replace(scan_layers=config.model.scan_layers)
@@ -45,19 +45,14 @@ def export_workdir(workdir: str, output: str, step: int | None = None, config=No
 
 def evaluate_workdir(config, workdir: str) -> dict:
   """Held-out metrics of the latest checkpoint (main.py --mode=eval)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import optim, sharding as shd, train, train_step as ts  # pylint: disable=g-import-not-at-top
+  from bert_jax import run_setup, train  # pylint: disable=g-import-not-at-top
   if not config.data.eval_files:
     raise ValueError('--config.data.eval_files is empty')
   step, params = checkpointing.restore_params(workdir)
-  model_cfg = train.model_config(config)
-  mesh = shd.make_mesh(tuple(config.mesh))
-  rules = shd.normalize_rules(config.sharding_rules)
-  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
-  params = jax.device_put(params, ts.state_shardings(model_cfg, tx, mesh, rules).params)
-  eval_step = ts.jit_eval_step(model_cfg, tx, mesh, rules, config.data.sentence_objective)
+  setup = run_setup.from_config(config)
   batch = train.per_process_batch(config.train.global_batch_size)
-  return {'step': step, **train.evaluate(eval_step, params, config, batch, mesh)}
+  return {'step': step, **train.evaluate(setup.eval_step(), setup.place_params(params), setup,
+                                         batch)}
 
 
 FLAGS = flags.FLAGS

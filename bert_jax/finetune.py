@@ -330,6 +330,7 @@ class SeedRun:
       preemption.restore()
       bar.close()
       manager.close()
+      writer.close()
     return self.result(step), preemption.requested
 
   def _train_epoch(self, state, step, bar, writer, preemption, manager):
@@ -353,7 +354,7 @@ class SeedRun:
       bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)
       if step % self.config.train.log_every == 0:
         writer.write(step, metrics, 'train/')
-      if preemption.requested:
+      if preemption.reached(step):
         logging.warning('SIGTERM: saving seed %d at step %d and exiting', self.seed, step)
         break
     self._throughput = timer.rate()

@@ -18,18 +18,43 @@ class NonFiniteError(RuntimeError):
 
 
 class PreemptionFlag:
-  """Set by SIGTERM; the loop saves at the next step boundary and returns."""
+  """A preemption notice (SIGTERM) that every process acts on at the same step.
+
+  Loops call `reached(step)` once per step, on every process, and save then return when it is
+  True. One process: our own SIGTERM handler sets a flag. Several processes: a SIGTERM may
+  reach one host only, or the hosts at different steps; a host that stopped alone would leave
+  the others waiting in the next step's collectives forever. JAX's preemption sync manager
+  (started by `jax.distributed.initialize`, which installs its own SIGTERM handler, so ours
+  must not replace it) spreads the notice through the coordination service and names the
+  step all hosts save at: the largest step any host has reached, plus one.
+  """
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    self._synced = (distributed.global_state.client is not None and
+                    distributed.global_state.preemption_sync_manager is not None)
+    self._requested = False
+    self._previous = None if self._synced else signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
-    self.requested = True
+    self._requested = True
+
+  def reached(self, step: int) -> bool:
+    """True at the step every process saves at and stops; call once per step, everywhere."""
+    if self._synced:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      self._requested = multihost_utils.reached_preemption_sync_point(step)
+    return self._requested
+
+  @property
+  def requested(self) -> bool:
+    """Whether the last `reached` said stop."""
+    return self._requested
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def start_processes(coordinator_address: str | None, num_processes: int | None,

@@ -212,7 +212,7 @@ def _relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) ->
 def _load_workdir(path, step, given_lower, rng, required, overrides) -> StartPoint:
   del rng  # a workdir holds every pre-training head
   from bert_jax.export import load_run_config  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import model_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.run_setup import model_config  # pylint: disable=g-import-not-at-top
   config = load_run_config(path)
   step, params = checkpointing.restore_params(path, step)
   stored = model_config(config)

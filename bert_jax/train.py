@@ -1,9 +1,10 @@
-"""The training loop: mesh, input pipeline, jitted step, checkpoints, metrics, in sections.
+"""The training loop: setup (bert_jax/run_setup.py), resume, the step loop, eval, checkpoints.
 
 Resumes from the latest checkpoint in `workdir` automatically (state and data position), so a
-preempted or killed run continues exactly where it stopped. SIGTERM (a TPU preemption notice)
-saves at the next step boundary and returns normally. A non-finite loss or gradient stops the
-run naming the step, without saving: the last checkpoint stays the last good one.
+preempted or killed run continues exactly where it stopped. A SIGTERM (a TPU preemption
+notice) reaching any process makes every process save the same step and return normally. A
+non-finite loss, gradient or parameter norm stops the run naming the step, without saving: the
+last checkpoint stays the last good one. The loop dispatches steps back to back (`_Loop`).
 """
 
 from __future__ import annotations
@@ -15,23 +16,17 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, flops, optim, progress, sharding as shd, start_points
+from bert_jax import checkpointing, flops, progress, run_setup, sharding as shd, start_points
 from bert_jax.metric_writer import MetricWriter
 from bert_jax.run_control import NonFiniteError, PreemptionFlag  # callers use train.NonFiniteError
 from bert_jax import train_step as ts
-from bert_jax.model import BertConfig
 from input_pipeline import dataset as data_lib
 from input_pipeline import fs
-
-
-def model_config(config) -> BertConfig:
-  m = config.model
-  return BertConfig.from_preset(
-      m.size, vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
-      attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
-      scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
 
 
 def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.ReaderConfig:
@@ -53,43 +48,97 @@ def per_process_batch(global_batch: int) -> int:
   return global_batch // jax.process_count()
 
 
-def evaluate(eval_step, params, config, batch_size: int, mesh) -> dict[str, float]:
-  """Held-out MLM/NSP loss and accuracy over `train.eval_steps` batches (or the whole set)."""
+def evaluate(eval_step, params, setup: run_setup.RunSetup, batch_size: int) -> dict[str, float]:
+  """Held-out MLM/NSP loss and accuracy over `train.eval_steps` batches (or the whole set).
+
+  Every process runs the same number of (collective) eval steps: hosts agree before each batch
+  whether any of them still has data, and a host whose share has ended feeds all-padding
+  batches that add nothing to the sums. Without that, eval files that split unevenly leave one
+  host calling the step alone, and the run hangs."""
+  config = setup.config
   cfg = reader_config(config, config.data.eval_files, batch_size, config.seed)
   ds = data_lib.make_dataset(cfg, training=False, process_index=jax.process_index(),
                              process_count=jax.process_count())
-  totals: dict[str, float] = {}
-  for i, batch in enumerate(data_lib.DataIterator(ds, config.data.eval_files)):
-    if i >= config.train.eval_steps:
+  batches = data_lib.DataIterator(ds, config.data.eval_files)
+  padding = setup.layout.zeros(batch_size)
+  totals = None
+  for _ in range(config.train.eval_steps):
+    local = next(batches, None)
+    if not _any_process(local is not None):
       break
-    sums = jax.device_get(eval_step(params, shd.global_batch(batch, mesh)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  if not totals:
+    sums = eval_step(params, shd.global_batch(padding if local is None else local, setup.mesh))
+    totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+  if totals is None:
     raise ValueError(f'data.eval_files={config.data.eval_files!r} yielded no batch')
-  return {k: float(v) for k, v in ts.summarize(totals).items()}
+  return {k: float(v) for k, v in jax.device_get(ts.summarize(totals)).items()}
 
 
-def _initial_state(config, model_cfg, tx, mesh, rules):
+def _any_process(flag: bool) -> bool:
+  """Whether `flag` holds on any process (a small host collective when there are several)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _initial_state(setup: run_setup.RunSetup):
   """Fresh, or from `train.init_from`'s params, optionally with its optimizer moments and fresh
   step counts (`train.init_opt_state_from`: NVIDIA's LAMB phase 2)."""
-  with_moments = config.train.get('init_opt_state_from', False)
-  if with_moments and not config.train.init_from:
+  t = setup.config.train
+  with_moments = t.get('init_opt_state_from', False)
+  if with_moments and not t.init_from:
     raise ValueError('train.init_opt_state_from=True needs train.init_from=<phase-1 workdir>; '
                      'set it, or set train.init_opt_state_from=False')
-  if config.train.init_from:
-    # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training).
-    step, params = start_points.pretraining_params(config.train.init_from, model_cfg)
-    logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
-                 ' and optimizer moments' if with_moments else '', config.train.init_from, step)
-    state = ts.state_from_params(params, model_cfg, tx, config.seed, mesh, rules)
-    if with_moments:
-      opt_state = checkpointing.restore_opt_moments(config.train.init_from, tx, state.opt_state,
-                                                    step)
-      state = state.replace(opt_state=jax.device_put(
-          opt_state, ts.state_shardings(model_cfg, tx, mesh, rules).opt_state))
-    return state
-  return ts.create_train_state(model_cfg, tx, config.seed, mesh, rules)
+  if not t.init_from:
+    return setup.fresh_state()
+  # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training).
+  step, params = start_points.pretraining_params(t.init_from, setup.model_cfg)
+  logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
+               ' and optimizer moments' if with_moments else '', t.init_from, step)
+  state = setup.state_from_params(params)
+  if with_moments:
+    opt_state = checkpointing.restore_opt_moments(t.init_from, setup.tx, state.opt_state, step)
+    state = state.replace(opt_state=jax.device_put(opt_state, setup.shardings.opt_state))
+  return state
+
+
+def _train_iterator(config, seed: int) -> data_lib.DataIterator:
+  batch_size = per_process_batch(config.train.global_batch_size)
+  ds = data_lib.make_dataset(
+      reader_config(config, config.data.train_files, batch_size, seed), training=True,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  return data_lib.DataIterator(ds, config.data.train_files)
+
+
+def _resume(setup: run_setup.RunSetup, manager, workdir: str):
+  """(state, data iterator) from the latest checkpoint, or (None, fresh iterator).
+
+  The data position is per process, so it carries over only to the same process count.
+  Another count is refused at start with what to do, or, with
+  `train.allow_process_count_change`, the state is resharded onto the new mesh and the data
+  restarts from a new shuffle (seed + step) with a warning: the order differs from an
+  uninterrupted run and records may repeat within the epoch."""
+  config = setup.config
+  latest = manager.latest_step()
+  if latest is None:
+    return None, _train_iterator(config, config.seed)
+  saved = checkpointing.data_process_count(workdir, latest)
+  if saved in (None, jax.process_count()):
+    train_iter = _train_iterator(config, config.seed)
+    state = checkpointing.restore(manager, latest, setup.abstract_state(), train_iter)
+    logging.info('resumed from %s step %d', workdir, latest)
+    return state, train_iter
+  if not config.train.allow_process_count_change:
+    raise ValueError(
+        f'{checkpointing.checkpoint_dir(workdir)}/{latest}: written by {saved} processes, this '
+        f'run has {jax.process_count()}; each process\'s data position cannot carry over. '
+        f'Resume with {saved} processes, or set --config.train.allow_process_count_change=True '
+        'to keep the model and optimizer state and restart the data in a new order.')
+  logging.warning('resuming step %d of a %d-process run with %d processes: model and optimizer '
+                  'state resharded; the data restarts in a new order (seed %d + step), so it '
+                  'differs from an uninterrupted run', latest, saved, jax.process_count(),
+                  config.seed)
+  state = checkpointing.restore(manager, latest, setup.abstract_state())
+  return state, _train_iterator(config, config.seed + latest)
 
 
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
@@ -98,114 +147,146 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if jax.process_index() == 0:  # export and eval read the run's config from here
     fs.check_writable(workdir)  # now, not after the first hours of training
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  model_cfg = model_config(config)
-  rules = shd.normalize_rules(config.sharding_rules)
+  setup = run_setup.from_config(config)
   t = config.train
-
-  # --- mesh and optimizer
-  mesh = shd.make_mesh(tuple(config.mesh))
-  tx, schedule = optim.from_config(config.optimizer, t.num_steps)
-  logging.info('mesh %s over %d devices, %d processes', dict(mesh.shape), jax.device_count(),
-               jax.process_count())
-
-  # --- input pipeline
-  batch_size = per_process_batch(t.global_batch_size)
-  train_ds = data_lib.make_dataset(
-      reader_config(config, config.data.train_files, batch_size, config.seed), training=True,
-      process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = data_lib.DataIterator(train_ds, config.data.train_files)
-
-  # --- state: resume, or fresh (optionally from a phase-1 workdir)
+  logging.info('mesh %s over %d devices, %d processes', dict(setup.mesh.shape),
+               jax.device_count(), jax.process_count())
   manager = checkpointing.make_manager(workdir, max_to_keep=t.keep_checkpoints,
                                        keep_period=t.keep_every or None,
                                        async_save=t.async_checkpoint)
-  shardings = ts.state_shardings(model_cfg, tx, mesh, rules)
-  latest = manager.latest_step()
-  if latest is not None:
-    abstract = checkpointing.abstract_like(shardings, ts.abstract_train_state(model_cfg, tx))
-    state = checkpointing.restore(manager, latest, abstract, train_iter)
-    logging.info('resumed from %s step %d', workdir, latest)
-  else:
-    state = _initial_state(config, model_cfg, tx, mesh, rules)
-
-  # --- update step
-  objective = config.data.sentence_objective
-  train_step = ts.jit_train_step(model_cfg, tx, schedule, mesh, rules, t.accum_steps, objective)
-  eval_step = (ts.jit_eval_step(model_cfg, tx, mesh, rules, objective)
-               if config.data.eval_files else None)
-  step_flops = flops.train_flops_per_step(model_cfg, t.global_batch_size,
-                                          config.data.max_seq_length,
-                                          config.data.max_predictions_per_seq)
-  peak = t.peak_flops_per_device or flops.peak_flops_per_device()
-
-  # --- loop
-  writer = MetricWriter(workdir)
-  preemption = PreemptionFlag()
-  profile = tuple(int(x) for x in t.profile_steps.split(',')) if t.profile_steps else None
-  step = int(jax.device_get(state.step))
-  first_step = step
-  last_train: dict[str, float] = {}
-  last_eval: dict[str, float] = {}
-  progress = _progress_bar(step, t.num_steps)
-  window_start, window_steps, window_tokens = time.time(), 0, 0
+  state, train_iter = _resume(setup, manager, workdir)
+  if state is None:
+    state = _initial_state(setup)
+  loop = _Loop(setup, workdir, manager, train_iter)
   try:
-    while step < t.num_steps:
-      if profile and step == profile[0]:
-        profile_dir = tempfile.mkdtemp(prefix='bert_jax_profile_')
-        jax.profiler.start_trace(profile_dir)
-      batch = next(train_iter)
-      window_tokens += int(batch['input_mask'].sum()) * jax.process_count()
-      state, metrics = train_step(state, shd.global_batch(batch, mesh))
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      step += 1
-      window_steps += 1
-      if profile and step == profile[1]:
-        jax.profiler.stop_trace()  # the profiler writes local files only: copy them over
-        fs.upload_dir(profile_dir, fs.join(workdir, 'profile', f'process_{jax.process_index()}'))
-        shutil.rmtree(profile_dir, ignore_errors=True)
-      if not (math.isfinite(metrics['loss']) and math.isfinite(metrics['grad_norm'])):
-        raise NonFiniteError(
-            f'step {step}: loss={metrics["loss"]} grad_norm={metrics["grad_norm"]} is not '
-            f'finite; stopped without saving, the last good checkpoint is step '
-            f'{manager.latest_step()}. Lower optimizer.learning_rate or check the data.')
-      progress.update(1)
-      progress.set_postfix(loss=f'{metrics["loss"]:.3f}',
-                           mlm_acc=f'{metrics["mlm_accuracy"]:.3f}', refresh=False)
-
-      if step % t.log_every == 0 or step == t.num_steps:
-        seconds = time.time() - window_start
-        metrics['steps_per_second'] = window_steps / seconds
-        metrics['tokens_per_second'] = (window_steps * t.global_batch_size *
-                                        config.data.max_seq_length / seconds)
-        metrics['nonpadding_tokens_per_second'] = window_tokens / seconds
-        metrics['mfu'] = step_flops * window_steps / seconds / (peak * jax.device_count())
-        if step - first_step <= window_steps:  # the window included compilation
-          metrics.pop('mfu')
-        writer.write(step, metrics, 'train/')
-        last_train = metrics
-        window_start, window_steps, window_tokens = time.time(), 0, 0
-
-      if eval_step and (step % t.eval_every == 0 or step == t.num_steps):
-        last_eval = evaluate(eval_step, state.params, config, batch_size, mesh)
-        writer.write(step, last_eval, 'eval/')
-        progress.write(f'step {step}: eval ' + ' '.join(
-            f'{k}={v:.4f}' for k, v in sorted(last_eval.items())))
-
-      if step % t.checkpoint_every == 0 or step == t.num_steps or preemption.requested:
-        checkpointing.save(manager, step, state, train_iter, force=True)
-      if preemption.requested:
-        logging.warning('SIGTERM: saved step %d, exiting', step)
-        break
+    return loop.run(state)
   finally:
     manager.wait_until_finished()
     manager.close()
-    preemption.restore()
-    progress.close()
-    writer.close()
-  return {'step': step, 'train': last_train, 'eval': last_eval}
 
 
-def _progress_bar(step: int, total: int):
-  """A bar on a terminal, whole lines in logs (bert_jax.progress); process 0 only."""
-  return progress.progress_bar(total, step, desc='train', unit='step',
-                               disable=jax.process_index() != 0)
+class _Loop:
+  """The steady state never waits on the host: step N+1 is dispatched before step N's metrics
+  are read, and the batch after it is read and copied to the devices while step N+1 runs.
+
+  Only boundaries sync: before a checkpoint or eval the step's metrics are checked, so a
+  non-finite loss, gradient or parameter stops the run before any bad state is saved; and a
+  preemption notice is agreed by all processes (`PreemptionFlag.reached`), which save that
+  step and return. The data iterator is saved before the next batch is read, so a resumed run
+  gets exactly the batches an uninterrupted one would."""
+
+  def __init__(self, setup: run_setup.RunSetup, workdir: str, manager, train_iter):
+    self.setup, self.workdir, self.manager, self.train_iter = setup, workdir, manager, train_iter
+    config, t = setup.config, setup.config.train
+    self.train_step = setup.train_step()
+    self.eval_step = setup.eval_step() if config.data.eval_files else None
+    self.step_flops = flops.train_flops_per_step(
+        setup.model_cfg, t.global_batch_size, config.data.max_seq_length,
+        config.data.max_predictions_per_seq)
+    self.peak = t.peak_flops_per_device or flops.peak_flops_per_device()
+    self.profile = tuple(int(x) for x in t.profile_steps.split(',')) if t.profile_steps else None
+    self.last_train: dict[str, float] = {}
+    self.last_eval: dict[str, float] = {}
+
+  def _next_batch(self):
+    """The next global batch on the devices (the copy runs asynchronously) and its real-token
+    count, from host numpy: nothing here waits on a step."""
+    local = next(self.train_iter)
+    tokens = int(local['input_mask'].sum()) * jax.process_count()
+    return shd.global_batch(local, self.setup.mesh), tokens
+
+  def _is_boundary(self, step: int) -> bool:
+    t = self.setup.config.train
+    return (step % t.checkpoint_every == 0 or step == t.num_steps or
+            (self.eval_step is not None and step % t.eval_every == 0) or
+            (self.profile is not None and step in self.profile))
+
+  def run(self, state) -> dict[str, Any]:
+    t = self.setup.config.train
+    step = self.first_step = int(jax.device_get(state.step))
+    self.writer = MetricWriter(self.workdir)
+    self.progress = progress.progress_bar(t.num_steps, step, desc='train', unit='step',
+                                          disable=jax.process_index() != 0)
+    self.window = [time.time(), 0, 0]  # start, steps, real tokens since the last log line
+    preemption = PreemptionFlag()
+    pending = None  # (step, device metrics) dispatched but not yet read
+    try:
+      if step < t.num_steps:
+        batch = self._next_batch()
+      while step < t.num_steps:
+        if self.profile and step == self.profile[0]:
+          profile_dir = tempfile.mkdtemp(prefix='bert_jax_profile_')
+          jax.profiler.start_trace(profile_dir)
+        state, metrics = self.train_step(state, batch[0])
+        step += 1
+        tokens = batch[1]
+        stop = preemption.reached(step)
+        boundary = stop or self._is_boundary(step)
+        if not boundary:
+          batch = self._next_batch()  # read and copied while the step runs
+        if pending:
+          self._consume(*pending)  # the previous step: done, or the device is busy anyway
+        pending = (step, metrics, tokens)
+        if not boundary:
+          continue
+        self._consume(*pending)  # a checkpoint or eval sees only finite metrics
+        pending = None
+        if self.profile and step == self.profile[1]:
+          jax.profiler.stop_trace()  # the profiler writes local files only: copy them over
+          fs.upload_dir(profile_dir, fs.join(self.workdir, 'profile',
+                                             f'process_{jax.process_index()}'))
+          shutil.rmtree(profile_dir, ignore_errors=True)
+        if self.eval_step and (step % t.eval_every == 0 or step == t.num_steps):
+          self._evaluate(state, step)
+        if step % t.checkpoint_every == 0 or step == t.num_steps or stop:
+          checkpointing.save(self.manager, step, state, self.train_iter, force=True)
+        if stop:
+          logging.warning('preemption notice: all processes saved step %d, exiting', step)
+          self.progress.write(f'preemption notice: saved step {step}; run the same command '
+                              'to resume')
+          break
+        if step < t.num_steps:
+          batch = self._next_batch()
+      if pending:
+        self._consume(*pending)
+    finally:
+      preemption.restore()
+      self.progress.close()
+      self.writer.close()
+    return {'step': step, 'train': self.last_train, 'eval': self.last_eval}
+
+  def _consume(self, step: int, metrics, tokens: int) -> None:
+    """Read a finished step's metrics: the non-finite check, progress, the log line."""
+    t, data = self.setup.config.train, self.setup.config.data
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not all(math.isfinite(metrics[k]) for k in ('loss', 'grad_norm', 'param_norm')):
+      raise NonFiniteError(
+          f'step {step}: loss={metrics["loss"]} grad_norm={metrics["grad_norm"]} '
+          f'param_norm={metrics["param_norm"]} is not finite; stopped without saving, the last '
+          f'good checkpoint is step {self.manager.latest_step()}. Lower '
+          'optimizer.learning_rate or check the data.')
+    self.window[1] += 1
+    self.window[2] += tokens
+    self.progress.update(1)
+    self.progress.set_postfix(loss=f'{metrics["loss"]:.3f}',
+                              mlm_acc=f'{metrics["mlm_accuracy"]:.3f}', refresh=False)
+    if step % t.log_every and step != t.num_steps:
+      return
+    start, steps, real_tokens = self.window
+    seconds = time.time() - start
+    metrics['steps_per_second'] = steps / seconds
+    metrics['tokens_per_second'] = steps * t.global_batch_size * data.max_seq_length / seconds
+    metrics['nonpadding_tokens_per_second'] = real_tokens / seconds
+    if step - self.first_step > steps:  # the window did not include compilation
+      metrics['mfu'] = (self.step_flops * steps / seconds /
+                        (self.peak * jax.device_count()))
+    self.writer.write(step, metrics, 'train/')
+    self.last_train = metrics
+    self.window = [time.time(), 0, 0]
+
+  def _evaluate(self, state, step: int) -> None:
+    self.last_eval = evaluate(self.eval_step, state.params, self.setup,
+                              per_process_batch(self.setup.config.train.global_batch_size))
+    self.writer.write(step, self.last_eval, 'eval/')
+    self.progress.write(f'step {step}: eval ' + ' '.join(
+        f'{k}={v:.4f}' for k, v in sorted(self.last_eval.items())))

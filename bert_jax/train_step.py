@@ -188,9 +188,8 @@ def abstract_train_state(model_cfg: BertConfig, tx) -> TrainState:
   return jax.eval_shape(build)
 
 
-def create_train_state(model_cfg: BertConfig, tx, seed: int, mesh, rules) -> TrainState:
+def create_train_state(model_cfg: BertConfig, tx, seed: int, shardings: TrainState) -> TrainState:
   """Initialise directly into the sharded layout (no host copy of the full model)."""
-  shardings = state_shardings(model_cfg, tx, mesh, rules)
 
   def init(seed):
     params_key, dropout_key = jax.random.split(jax.random.key(seed))
@@ -203,9 +202,8 @@ def create_train_state(model_cfg: BertConfig, tx, seed: int, mesh, rules) -> Tra
   return jax.jit(init, out_shardings=shardings)(seed)
 
 
-def state_from_params(params, model_cfg: BertConfig, tx, seed: int, mesh, rules) -> TrainState:
+def state_from_params(params, tx, seed: int, shardings: TrainState) -> TrainState:
   """A fresh step-0 state around given params (phase 2 init, HF checkpoints)."""
-  shardings = state_shardings(model_cfg, tx, mesh, rules)
   params = jax.device_put(params, shardings.params)
 
   def init(params, seed):
@@ -215,11 +213,10 @@ def state_from_params(params, model_cfg: BertConfig, tx, seed: int, mesh, rules)
   return jax.jit(init, out_shardings=shardings)(params, seed)
 
 
-def jit_train_step(model_cfg: BertConfig, tx, schedule, mesh, rules, accum_steps: int = 1,
-                   sentence_objective: str = 'nsp'):
+def jit_train_step(model_cfg: BertConfig, tx, schedule, shardings: TrainState, mesh, rules,
+                   accum_steps: int = 1, sentence_objective: str = 'nsp'):
   """The train step, jitted once with explicit shardings and the state donated."""
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  shardings = state_shardings(model_cfg, tx, mesh, rules)
   step = functools.partial(train_step, model=BertForPreTraining(model_cfg), tx=tx,
                            schedule=schedule, accum_steps=accum_steps,
                            sentence_objective=sentence_objective)
@@ -238,6 +235,7 @@ def jit_update(step, shardings: TrainState, mesh, rules):
       return jitted(state, batch)
 
   run.jitted = jitted
+  run.activate = lambda: shd.activate(mesh, rules)  # for lowering `jitted` ahead of time
   return run
 
 
@@ -254,9 +252,9 @@ def jit_readout(step, params_sharding, mesh, rules):
   return run
 
 
-def jit_eval_step(model_cfg: BertConfig, tx, mesh, rules, sentence_objective: str = 'nsp'):
+def jit_eval_step(model_cfg: BertConfig, params_sharding, mesh, rules,
+                  sentence_objective: str = 'nsp'):
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  shardings = state_shardings(model_cfg, tx, mesh, rules)
   step = functools.partial(eval_step, model=BertForPreTraining(model_cfg),
                            sentence_objective=sentence_objective)
-  return jit_readout(step, shardings.params, mesh, rules)
+  return jit_readout(step, params_sharding, mesh, rules)

@@ -66,6 +66,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.keep_every = 0  # also keep every N-th step forever; 0 = off
   c.train.async_checkpoint = True
+  # Resume a checkpoint written by another process count: keep the model and optimizer state,
+  # restart the data in a new order (a warning says so). False: refuse, saying what to do.
+  c.train.allow_process_count_change = False
   c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer (by default)
   c.train.init_opt_state_from = False  # with init_from: also its Adam moments, fresh step count
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile

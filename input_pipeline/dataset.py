@@ -39,12 +39,9 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import message
 
-from input_pipeline import fs, masking, objectives, packing, tfrecord
+from input_pipeline import features, fs, masking, objectives, packing, tfrecord
 from input_pipeline.instances import MaskingConfig
 
-INT_FEATURES_S = ('input_ids', 'input_mask', 'segment_ids')
-PACKED_FEATURES_S = ('position_ids', 'packed_segment_ids')
-INT_FEATURES_P = ('masked_lm_positions', 'masked_lm_ids')
 # Record streams dealt chunks round-robin: the global order is the same for any process count
 # that divides it (see training_records).
 SLOTS = 8
@@ -144,20 +141,22 @@ def check_sentence_objective(files: list[str], sizes: list[int], cfg: ReaderConf
           f'python -m input_pipeline.create_pretraining_data --next_sentence={want}')
 
 
+def stored_layout(cfg: ReaderConfig) -> features.BatchLayout:
+  """The layout of the records on disk (packed only if written packed)."""
+  return features.BatchLayout(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.packed,
+                              cfg.max_instances_per_row)
+
+
+def output_layout(cfg: ReaderConfig) -> features.BatchLayout:
+  """The layout of the batches the reader yields (packed too when it packs on the fly)."""
+  return dataclasses.replace(stored_layout(cfg), packed=cfg.packed or cfg.pack)
+
+
 def feature_spec(cfg: ReaderConfig) -> dict[str, tf.io.FixedLenFeature]:
-  s, p = cfg.max_seq_length, cfg.max_predictions_per_seq
-  spec = {name: tf.io.FixedLenFeature([s], tf.int64) for name in INT_FEATURES_S}
-  spec.update({name: tf.io.FixedLenFeature([p], tf.int64) for name in INT_FEATURES_P})
-  spec['masked_lm_weights'] = tf.io.FixedLenFeature([p], tf.float32)
-  if cfg.packed:  # stored packed rows
-    k = cfg.max_instances_per_row
-    spec.update({name: tf.io.FixedLenFeature([s], tf.int64) for name in PACKED_FEATURES_S})
-    spec['next_sentence_positions'] = tf.io.FixedLenFeature([k], tf.int64)
-    spec['next_sentence_labels'] = tf.io.FixedLenFeature([k], tf.int64)
-    spec['next_sentence_weights'] = tf.io.FixedLenFeature([k], tf.float32)
-  else:
-    spec['next_sentence_labels'] = tf.io.FixedLenFeature([1], tf.int64)
-  return spec
+  """How the records store the schema's features: integers as int64, weights as float32."""
+  return {name: tf.io.FixedLenFeature(list(shape), tf.float32 if dtype == features.FLOAT
+                                      else tf.int64)
+          for name, (shape, dtype) in stored_layout(cfg).features().items()}
 
 
 def _parse(cfg: ReaderConfig):
@@ -335,8 +334,9 @@ def make_dataset(cfg: ReaderConfig, *, training: bool, process_index: int = 0,
   all_chunks = chunks(files, sizes, cfg.read_chunk_bytes)
   if training:
     ds = training_records(all_chunks, cfg.seed, process_index, process_count)
-  else:  # in order, no repeat; process i reads chunks i, i+n, ...
-    ds = tf.data.Dataset.from_tensor_slices(_columns(all_chunks[process_index::process_count]))
+  else:  # in order, no repeat; process i reads chunks i, i+n, ... (maybe none at all)
+    mine = all_chunks[process_index::process_count]
+    ds = tf.data.Dataset.from_tensor_slices(_columns(mine or all_chunks[:1])).take(len(mine))
     ds = ds.flat_map(lambda *chunk: tf.data.Dataset.from_tensor_slices(_chunk_records(*chunk)))
   if training:
     ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed + 1, reshuffle_each_iteration=True)

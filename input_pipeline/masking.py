@@ -145,7 +145,7 @@ class Block:
     return len(self.is_random_next)
 
   def features(self) -> dict[str, np.ndarray]:
-    """The reference's record fields (DESIGN.md), [N, ...] each, plus the objective marker."""
+    """The reference's record fields (input_pipeline/features.py), [N, ...] each, plus the objective marker."""
     m = self.masked
     return {'input_ids': m.input_ids, 'input_mask': m.input_mask, 'segment_ids': m.segment_ids,
             'masked_lm_positions': m.masked_lm_positions, 'masked_lm_ids': m.masked_lm_ids,

@@ -51,8 +51,9 @@ def _losses(mesh_shape, n_devices, steps=20, accum=1):
   mesh = shd.make_mesh(mesh_shape, jax.devices()[:n_devices])
   schedule = optim.learning_rate_schedule('bert', 1e-4, 5, steps)
   tx = optim.make_optimizer('adamw_bert', schedule)
-  state = ts.create_train_state(TINY, tx, 0, mesh, shd.DEFAULT_RULES)
-  step = ts.jit_train_step(TINY, tx, schedule, mesh, shd.DEFAULT_RULES, accum)
+  shardings = ts.state_shardings(TINY, tx, mesh, shd.DEFAULT_RULES)
+  state = ts.create_train_state(TINY, tx, 0, shardings)
+  step = ts.jit_train_step(TINY, tx, schedule, shardings, mesh, shd.DEFAULT_RULES, accum)
   rng = np.random.default_rng(0)
   losses = []
   for _ in range(steps):

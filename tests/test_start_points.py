@@ -300,14 +300,15 @@ def workdir(tmp_path_factory):
   config.data.do_lower_case = True
   with open(d / 'config.json', 'w') as f:
     f.write(config.to_json_best_effort(indent=2))
-  from bert_jax.train import model_config
+  from bert_jax.run_setup import model_config
   model_cfg = model_config(config)
   tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
   mesh = shd.make_mesh((-1, 1, 1))
+  shardings = ts.state_shardings(model_cfg, tx, mesh, shd.normalize_rules(config.sharding_rules))
   manager = checkpointing.make_manager(str(d), async_save=False)
   saved = {}
   for step, seed in ((3, 1), (7, 2)):
-    state = ts.create_train_state(model_cfg, tx, seed, mesh, config.sharding_rules)
+    state = ts.create_train_state(model_cfg, tx, seed, shardings)
     checkpointing.save(manager, step, state, force=True)
     saved[step] = jax.device_get(state.params)
   manager.wait_until_finished()
@@ -364,7 +365,8 @@ def test_pretraining_params_for_init_from_tf_and_hf(google_dir, tmp_path, caplog
   # What train._initial_state does next: a step-0 train state on the run's mesh.
   tx = optim.from_config(bert_tiny.get_config().optimizer, 10)[0]
   mesh = shd.make_mesh((2, 2, 2))
-  state = ts.state_from_params(params, model_cfg, tx, 0, mesh, shd.DEFAULT_RULES)
+  state = ts.state_from_params(params, tx, 0,
+                               ts.state_shardings(model_cfg, tx, mesh, shd.DEFAULT_RULES))
   np.testing.assert_array_equal(jax.device_get(state.params['nsp']['kernel']),
                                 expected['nsp']['kernel'])
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, train
+from bert_jax import checkpointing, run_setup, train
 from configs import bert_tiny
 from input_pipeline import corpus, create_pretraining_data as cpd
 from input_pipeline.instances import MaskingConfig
@@ -78,10 +78,10 @@ def main_command(workdir, values):
   return cmd + [f'--config.{k}={v}' for k, v in values.items()]
 
 
-def run_main(workdir, values, timeout=300):
+def run_main(workdir, values, timeout=300, mode='train'):
   env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
-  return subprocess.run(main_command(workdir, values), cwd=ROOT, env=env, timeout=timeout,
-                        capture_output=True, text=True)
+  return subprocess.run(main_command(workdir, values) + [f'--mode={mode}'], cwd=ROOT, env=env,
+                        timeout=timeout, capture_output=True, text=True)
 
 
 def start_main(workdir, values):
@@ -212,11 +212,7 @@ def test_phase2_init_from_takes_params_only(data, tmp_path):
   train.train_and_evaluate(config_with(overrides(data, steps=5)), phase1)
   values = overrides(data, steps=3, **{'train.init_from': phase1})
   config = config_with(values)
-  from bert_jax import optim, sharding as shd
-  model_cfg = train.model_config(config)
-  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
-  mesh = shd.make_mesh(tuple(config.mesh))
-  state = train._initial_state(config, model_cfg, tx, mesh, shd.normalize_rules(config.sharding_rules))
+  state = train._initial_state(run_setup.from_config(config))
   _, params = checkpointing.restore_params(phase1)
   assert int(state.step) == 0
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(state.params), params)
@@ -230,14 +226,10 @@ LAMB = {'optimizer.name': 'lamb', 'optimizer.schedule': 'poly_warmup',
 
 def _state_of(config, workdir=None):
   """The run's initial state (`_initial_state`), or a workdir's latest saved one."""
-  from bert_jax import optim, sharding as shd, train_step as ts
-  model_cfg = train.model_config(config)
-  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
-  mesh, rules = shd.make_mesh(tuple(config.mesh)), shd.normalize_rules(config.sharding_rules)
+  setup = run_setup.from_config(config)
   if workdir is None:
-    return train._initial_state(config, model_cfg, tx, mesh, rules)
-  abstract = checkpointing.abstract_like(ts.state_shardings(model_cfg, tx, mesh, rules),
-                                         ts.abstract_train_state(model_cfg, tx))
+    return train._initial_state(setup)
+  abstract = setup.abstract_state()
   with checkpointing.make_manager(workdir) as manager:
     return checkpointing.restore(manager, manager.latest_step(), abstract)
 
@@ -283,7 +275,7 @@ def test_every_config_builds(name, phases):
   module = importlib.import_module(f'configs.{name}')
   for phase in phases:
     config = module.get_config(phase)
-    model_cfg = train.model_config(config)
+    model_cfg = run_setup.model_config(config)
     optim.from_config(config.optimizer, config.train.num_steps)
     if 'phase2' in phase:
       assert config.data.max_seq_length == 512 and config.data.max_predictions_per_seq == 80
