@@ -154,9 +154,12 @@ def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
+  # A checkpoint every step: whichever step first goes non-finite is a checkpoint step, and
+  # what is saved before it must still be finite.
   config = config_with(overrides(data, steps=40, **{'optimizer.learning_rate': 1e12,
                                                     'optimizer.warmup_steps': 0,
-                                                    'optimizer.clip_norm': 0.0}))
+                                                    'optimizer.clip_norm': 0.0,
+                                                    'train.checkpoint_every': 1}))
   with pytest.raises(train.NonFiniteError, match=r'step \d+: loss=.* is not finite') as err:
     train.train_and_evaluate(config, str(tmp_path))
   bad_step = int(str(err.value).split(':')[0].split()[-1])

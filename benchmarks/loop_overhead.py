@@ -1,0 +1,123 @@
+r"""How much of the compiled step's speed the whole training loop keeps.
+
+  .venv/bin/python benchmarks/loop_overhead.py [--before=/path/to/older/checkout] [--steps=400]
+
+Per model: steps/s of `bert_jax.main` (the whole `train_and_evaluate` loop: tf.data reading
+real TFRecords, host-to-device copies, metrics, progress, the final checkpoint) divided by the
+steps/s of the bare compiled step on the same config, state and a batch already on the device.
+The loop's rate is the mean of its logged windows after the first (which holds compilation).
+Models: `micro`, BERT-tiny at batch 4 (a step of a few milliseconds on a 2-core CPU: how short
+a TPU step is) and `tiny`, BERT-tiny at batch 32 (the demo's). `--before` runs the loop of
+another checkout too (e.g. a git worktree of an older commit), interleaved with ours, each
+against the same bare step. One device, 128 tokens, 20 predictions, vocab 2,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+
+from bert_jax import run_setup, sharding as shd  # noqa: E402
+from configs import bert_tiny  # noqa: E402
+from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib  # noqa: E402
+from input_pipeline.instances import MaskingConfig  # noqa: E402
+from input_pipeline.tokenizer import WordPieceTokenizer  # noqa: E402
+
+MODELS = {'micro': 4, 'tiny': 32}  # name -> global batch of BERT-tiny
+
+
+def make_data(directory: str) -> str:
+  docs = list(corpus.embedded_documents())[:3000]
+  corpus.write_text_file(docs, os.path.join(directory, 'train.txt'))
+  WordPieceTokenizer.train((s for d in docs for s in d), 2000, directory)
+  cpd.run(cpd.Job(output_file=os.path.join(directory, 'train'), masking=MaskingConfig(128, 20),
+                  vocab_file=os.path.join(directory, 'vocab.txt'),
+                  input_file=os.path.join(directory, 'train.txt'), dupe_factor=2, num_shards=2))
+  return os.path.join(directory, 'train-*')
+
+
+def overrides(files: str, batch: int, steps: int) -> dict:
+  return {'model.vocab_size': 2000, 'data.train_files': files, 'data.eval_files': '',
+          'train.global_batch_size': batch, 'train.num_steps': steps,
+          'train.log_every': max(steps // 8, 1), 'train.checkpoint_every': 10 * steps,
+          'data.shuffle_buffer': 1000, 'mesh': (1, 1, 1)}
+
+
+def bare_steps_per_second(files: str, batch: int, steps: int) -> float:
+  config = bert_tiny.get_config()
+  for key, value in overrides(files, batch, steps).items():  # as --config.key=value would
+    *parents, leaf = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  setup = run_setup.from_config(config, jax.devices()[:1])
+  state = setup.fresh_state()
+  step = setup.train_step()
+  reader = data_lib.ReaderConfig(files=files, batch_size=batch, max_seq_length=128,
+                                 max_predictions_per_seq=20, shuffle_buffer=10)
+  batch_arrays = shd.global_batch(next(data_lib.DataIterator(
+      data_lib.make_dataset(reader, training=True))), setup.mesh)
+  for _ in range(5):
+    state, metrics = step(state, batch_arrays)
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step(state, batch_arrays)
+  jax.block_until_ready((state, metrics))
+  return steps / (time.perf_counter() - start)
+
+
+def loop_steps_per_second(repo: str, files: str, batch: int, steps: int) -> float:
+  with tempfile.TemporaryDirectory() as workdir:
+    cmd = [sys.executable, '-m', 'bert_jax.main', '--config=configs/bert_tiny.py',
+           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in
+                                      overrides(files, batch, steps).items()]
+    env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2')
+    run = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+    if run.returncode:
+      raise RuntimeError(run.stderr[-3000:])
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      rates = [r['train/steps_per_second'] for r in map(json.loads, f) if 'train/loss' in r]
+  return statistics.mean(rates[1:])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--before', default='', help='another checkout whose loop to compare')
+  parser.add_argument('--steps', type=int, default=400)
+  parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--models', default='micro,tiny')
+  args = parser.parse_args()
+  with tempfile.TemporaryDirectory() as data_dir:
+    files = make_data(data_dir)
+    loops = {'ours': ROOT, **({'before': os.path.abspath(args.before)} if args.before else {})}
+    for name in args.models.split(','):
+      batch = MODELS[name]
+      rates: dict[str, list[float]] = {'bare': [], **{k: [] for k in loops}}
+      for _ in range(args.rounds):  # interleaved: bare, ours, before, bare, ours, ...
+        rates['bare'].append(bare_steps_per_second(files, batch, args.steps))
+        for label, repo in loops.items():
+          rates[label].append(loop_steps_per_second(repo, files, batch, args.steps))
+      bare = statistics.median(rates['bare'])
+      line = f'{name} (BERT-tiny, batch {batch}): bare step {1e3 / bare:.2f} ms ({bare:.1f}/s)'
+      for label in loops:
+        loop = statistics.median(rates[label])
+        line += f'; {label} loop {loop:.1f}/s = {loop / bare:.3f} of bare'
+      print(line, json.dumps({k: [round(x, 2) for x in v] for k, v in rates.items()}),
+            flush=True)
+
+
+if __name__ == '__main__':
+  main()
