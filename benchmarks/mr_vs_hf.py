@@ -58,6 +58,12 @@ of both epochs. Wall time of the whole seed (load, compile, train, eval, ours' c
 is printed as well. Ours runs `bert_jax.finetune.run` itself (checkpoints every epoch, no
 HF export: `config.export=False`), so its figure is what the CLI gets.
 
+Run time (2-core shared VM, 2026-11-22, load average 6-10 from other jobs): one epoch of one
+seed took ~14 min for ours (~10.5 examples/s) and ~45 min for HF (~3-4 examples/s), so the full
+default run (3 seeds x 2 epochs, both sides) needs ~6 hours there; the recorded run is
+`--seeds=0 --epochs=1` (benchmarks/RESULTS.md). `--smoke_sentences=300` checks the script end
+to end in ~6 min (its accuracies mean nothing: 300 sentences, one class in dev and test).
+
 Published figures (google-research/bert README, the compact-model table; GLUE test server
 scores): SST-2 BERT-Tiny (L=2, H=128) 83.2, BERT-Mini (L=4, H=256) 85.9, BERT-Small (L=4,
 H=512) 89.7. They are *not* MR numbers: SST-2 is the Stanford Sentiment Treebank's binary
