@@ -8,6 +8,8 @@
     fine-tuned `BertFor<Task>` export (its head comes along as `start.head`);
   - a Google TF checkpoint as google-research/bert released them (`bert_model.ckpt.*`,
     `bert_config.json`, `vocab.txt`), read by variable name without building a TF graph.
+Each may be a URL (gs://...): workdirs are read in place, HF directories and TF checkpoints
+are staged into a temporary local directory first (`_load_url`).
 
 Params come back in `BertForPreTraining`'s layout whatever the source; heads the source lacks
 are initialised fresh with a warning. `init_head_params` puts a task head on top.
@@ -26,6 +28,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 from typing import Any
 
 import jax
@@ -33,6 +36,7 @@ import numpy as np
 
 from bert_jax import checkpointing, heads, hf, hf_heads
 from bert_jax.model import BertConfig
+from input_pipeline import fs
 
 WORKDIR, HF_DIR, TF_CHECKPOINT = 'workdir', 'hf', 'tf'
 
@@ -415,8 +419,58 @@ def load_start_point(path: str, *, step: int | None = None, do_lower_case: bool 
   start point lacks. `config_overrides` set our-only knobs: dtype, scan_layers, remat_policy,
   attention_impl, dropout rates.
   """
+  if fs.is_url(path):
+    return _load_url(path, step, do_lower_case, rng, require_tokenizer, config_overrides)
   kind = detect_kind(path)
   return _LOADERS[kind](path, step, do_lower_case, rng, require_tokenizer, config_overrides)
+
+
+# Files a TF checkpoint prefix URL needs besides `<prefix>.*`.
+_TF_SIDE_FILES = ('bert_config.json', 'vocab.txt')
+
+
+def _load_url(url, step, given_lower, rng, required, overrides) -> StartPoint:
+  """A start point at a URL (gs://...). A training workdir is read in place (Orbax and our
+  file-system layer read URLs). An HF directory or a Google TF checkpoint (a directory or a
+  prefix) is staged into a temporary local directory of the same name -- the HF weight
+  readers and TF's checkpoint reader need local files, and Google's casing comes from the
+  directory name -- and loaded from there; the tokenizer is in memory, so nothing refers to
+  the staged copy afterwards. A directory is copied whole, a prefix only `<prefix>.*`,
+  bert_config.json and vocab.txt."""
+  url = url.rstrip('/')
+  if _is_workdir(url):
+    return _load_workdir(url, step, given_lower, rng, required, overrides)
+  prefix = fs.exists(url + '.index')
+  source = fs.dirname(url) if prefix else url
+  if not fs.exists(source):
+    raise FileNotFoundError(f'{url}: no such start point')
+  with tempfile.TemporaryDirectory(prefix='bert_jax_start_') as tmp:
+    local = os.path.join(tmp, fs.basename(source) or 'start_point')
+    if prefix:
+      name = fs.basename(url)
+      os.makedirs(local)
+      for f in fs.listdir(source):
+        if f.startswith(name + '.') or f in _TF_SIDE_FILES:
+          with open(os.path.join(local, f), 'wb') as out:
+            out.write(fs.read_bytes(fs.join(source, f)))
+    else:
+      fs.download_dir(source, local)
+    local_path = os.path.join(local, fs.basename(url)) if prefix else local
+    try:
+      start = _LOADERS[detect_kind(local_path)](local_path, step, given_lower, rng, required,
+                                                overrides)
+    except (ValueError, FileNotFoundError) as e:  # name the URL, not the staged copy
+      try:
+        renamed = type(e)(str(e).replace(local, source))
+      except TypeError:
+        raise e from None
+      raise renamed from None
+  return dataclasses.replace(start, path=url)
+
+
+def _is_workdir(path: str) -> bool:
+  """Our training workdir (local or URL): it has `checkpoints/`."""
+  return fs.isdir(fs.join(path, 'checkpoints'))
 
 
 def init_head_params(start: StartPoint, head: heads.Head | None = None,
@@ -473,7 +527,7 @@ def pretraining_params(init_from: str, model_cfg: BertConfig,
   A workdir restores exactly as before (`checkpointing.restore_params`); an HF directory or
   TF checkpoint is converted, step 0, with missing pre-training heads initialised fresh.
   """
-  if detect_kind(init_from) == WORKDIR:
+  if _is_workdir(init_from):
     return checkpointing.restore_params(init_from)
   start = load_start_point(init_from, rng=rng, require_tokenizer=False,
                            scan_layers=model_cfg.scan_layers)

@@ -396,3 +396,55 @@ def test_not_a_start_point_lists_what_each_kind_needs(tmp_path):
   hf_reference.torch_model(TINY).save_pretrained(hf_dir)
   with pytest.raises(hf.CheckpointError, match='no tokenizer'):
     start_points.load_start_point(hf_dir)
+
+
+# ----------------------------------------------------------------------------- gs://
+
+
+def test_hf_dir_and_tf_checkpoint_from_gs_urls(tmp_path):
+  """HF directories and Google TF checkpoints on gs:// (a real GCS server on localhost,
+  tests/gcs_server.py) load as their local copies do: staged locally, named by the URL."""
+  import gcs_server  # pylint: disable=g-import-not-at-top
+  from input_pipeline import fs  # pylint: disable=g-import-not-at-top
+  bucket = 'gs://bert-jax-start-points'
+  hf_dir = str(tmp_path / 'hf')
+  hf_reference.torch_model(TINY).save_pretrained(hf_dir)
+  WordPieceTokenizer(write_vocab(tmp_path / 'vocab.txt', cased=True), False).save_pretrained(hf_dir)
+  # Cased by its name although the vocabulary is uncased: the staged copy must keep the name.
+  tf_dir = str(tmp_path / 'cased_L-2_H-128_A-2')
+  write_tf_checkpoint(tf_dir, TINY, google_variables(TINY, np.random.default_rng(3)))
+  local_hf, local_tf = (start_points.load_start_point(p) for p in (hf_dir, tf_dir))
+  assert local_tf.do_lower_case is False
+
+  def same(remote, local, url):
+    assert (remote.kind, remote.path, remote.cfg) == (local.kind, url, local.cfg)
+    assert remote.do_lower_case == local.do_lower_case
+    assert remote.tokenizer.vocab == local.tokenizer.vocab
+    jax.tree_util.tree_map(np.testing.assert_array_equal, remote.params, local.params)
+
+  with gcs_server.running():
+    gcsfs_fs, _ = fs._filesystem(bucket)  # pylint: disable=protected-access
+    gcsfs_fs.mkdir(bucket[len('gs://'):])
+    fs.upload_dir(hf_dir, f'{bucket}/models/hf')
+    fs.upload_dir(tf_dir, f'{bucket}/models/cased_L-2_H-128_A-2')
+    fs.write_text(f'{bucket}/models/cased_L-2_H-128_A-2/unrelated.txt', 'not staged')
+    fs.write_text(f'{bucket}/models/junk/readme.txt', 'not a model')
+
+    url = f'{bucket}/models/hf'
+    same(start_points.load_start_point(url + '/'), local_hf, url)
+    step, params = start_points.pretraining_params(url, TINY)
+    assert step == 0
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, local_hf.params)
+
+    url = f'{bucket}/models/cased_L-2_H-128_A-2'
+    same(start_points.load_start_point(url), local_tf, url)
+    same(start_points.load_start_point(url + '/bert_model.ckpt'), local_tf,
+         url + '/bert_model.ckpt')
+    with pytest.raises(ValueError,
+                       match=f'^{url}: the start point is cased .*do_lower_case=True'):
+      start_points.load_start_point(url, do_lower_case=True)
+
+    with pytest.raises(hf.CheckpointError, match=f'^{bucket}/models/junk: not a start point'):
+      start_points.load_start_point(f'{bucket}/models/junk')
+    with pytest.raises(FileNotFoundError, match='no such start point'):
+      start_points.load_start_point(f'{bucket}/models/missing')
