@@ -45,9 +45,10 @@ flags.DEFINE_integer('steps', None, 'Override train.num_steps of configs/bert_ti
 flags.DEFINE_float('learning_rate', None, 'Override optimizer.learning_rate of the demo.')
 flags.DEFINE_integer('dupe_factor', 5, 'Passes over the training corpus with fresh masks.')
 flags.DEFINE_enum('corpus', 'mixed', ['mixed', 'docstrings'],
-                  'mixed: the standard library\'s docstrings (one document per module) and the '
-                  'ICWSM-2014 editorial, review and tweet snippets; docstrings: the docstrings '
-                  'alone, one document per docstring (the demo before 2026-11-22).')
+                  'mixed: the standard library\'s docstrings (one document per module), the '
+                  'ICWSM-2014 editorial, review and tweet snippets and the unlabelled MR '
+                  'training sentences; docstrings: the docstrings alone, one document per '
+                  'docstring (the demo before 2026-11-22).')
 flags.DEFINE_bool('pack', True, 'Write packed rows (several instances per row, no padding '
                   'budget wasted); False: one instance per row.')
 flags.DEFINE_integer('mr_seeds', 1, 'MR fine-tuning runs per start point (0: skip MR).')
