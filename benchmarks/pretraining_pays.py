@@ -41,9 +41,15 @@ flags.DEFINE_float('finetune_lr', 1e-4, 'Peak fine-tuning learning rate of both 
 
 def compare(pretrained: dict, random_init: dict) -> dict:
   """The gap of the medians and whether the arms' seed ranges are apart."""
+  if pretrained['min'] > random_init['max']:
+    verdict = 'pre-training pays, beyond the seed spread'
+  elif pretrained['max'] < random_init['min']:
+    verdict = 'pre-training costs, beyond the seed spread'
+  else:
+    verdict = 'within the seed spread'
   return {'gap': pretrained['median'] - random_init['median'],
           'beyond_spread': pretrained['min'] > random_init['max'],
-          'margin': pretrained['min'] - random_init['max']}
+          'margin': pretrained['min'] - random_init['max'], 'verdict': verdict}
 
 
 def main(argv):
@@ -74,9 +80,8 @@ def main(argv):
           f' | {a["median"]:.4f} | {a["min"]:.4f}-{a["max"]:.4f} |')
   print(f'| majority class | | | | {arms["pretrained"]["majority"]:.4f} | |')
   print(f'[pays] gap of medians {result["gap"]:+.4f}; worst pre-trained seed minus best random '
-        f'seed {result["margin"]:+.4f}: '
-        f'{"beyond" if result["beyond_spread"] else "NOT beyond"} the seed spread '
-        f'({result["minutes"]} minutes)', flush=True)
+        f'seed {result["margin"]:+.4f}: {result["verdict"]} ({result["minutes"]} minutes)',
+        flush=True)
 
 
 if __name__ == '__main__':

@@ -162,3 +162,15 @@ def test_mr_config_is_the_benchmark_recipe():
   assert (c.task, c.init, c.seeds, c.export) == ('mr', 'random:somewhere', 3, False)
   assert (c.data.max_seq_length, c.train.batch_size, c.train.num_epochs) == (64, 32, 3)
   assert c.optimizer.learning_rate == 3e-4 and c.optimizer.warmup_proportion == 0.1
+
+
+def test_pretraining_pays_verdict():
+  from benchmarks import pretraining_pays  # pylint: disable=g-import-not-at-top
+  arm = lambda lo, mid, hi: {'min': lo, 'median': mid, 'max': hi}
+  pays = pretraining_pays.compare(arm(0.80, 0.81, 0.82), arm(0.70, 0.75, 0.79))
+  assert pays['beyond_spread'] and pays['gap'] == pytest.approx(0.06)
+  assert pays['verdict'] == 'pre-training pays, beyond the seed spread'
+  costs = pretraining_pays.compare(arm(0.740, 0.740, 0.747), arm(0.774, 0.776, 0.782))
+  assert not costs['beyond_spread'] and costs['verdict'].startswith('pre-training costs')
+  assert pretraining_pays.compare(arm(0.7, 0.75, 0.8), arm(0.72, 0.74, 0.76))['verdict'] == (
+      'within the seed spread')
