@@ -5,7 +5,9 @@ r"""Fine-tune a start point on a task, evaluate every epoch, report and export t
 
 `--init` is anything `start_points.load_start_point` reads: our pre-training workdir, an HF
 directory (BertForPreTraining, BertModel, sentence-transformers, a fine-tuned BertFor<Task>)
-or a Google TF checkpoint; its tokenizer and casing come with it. Training runs on the same
+or a Google TF checkpoint; its tokenizer and casing come with it. `--init=random:<any of
+those>` keeps its model config and tokenizer but draws every weight afresh (per seed): the
+no-pre-training baseline. Training runs on the same
 mesh, sharding rules, optimizer code and Orbax checkpoints as pre-training.
 
 Each seed trains in `<workdir>/seed_<s>/` (checkpoints/, metrics.jsonl, tensorboard/, GLUE
@@ -303,8 +305,11 @@ class SeedRun:
       logging.info('seed %d: resumed from step %d (%d epochs done)', self.seed, latest,
                    len(self.history))
       return restored['state']
+    start = self.start
+    if start.kind == start_points.RANDOM:  # random:<...>: every seed its own random encoder
+      start = start_points.randomized(start, jax.random.fold_in(jax.random.key(self.seed), 1))
     _, params = start_points.init_head_params(
-        self.start, self.task.head, rng=jax.random.key(self.seed),
+        start, self.task.head, rng=jax.random.key(self.seed),
         fresh_head=self.config.fresh_head)
     return fst.state_from_params(params, self.program.shardings, self.program.tx, self.seed)
 

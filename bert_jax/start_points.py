@@ -39,6 +39,7 @@ from bert_jax.model import BertConfig
 from input_pipeline import fs
 
 WORKDIR, HF_DIR, TF_CHECKPOINT = 'workdir', 'hf', 'tf'
+RANDOM = 'random'  # `random:<start point>`: its config and tokenizer, fresh weights
 
 
 @dataclasses.dataclass
@@ -419,6 +420,9 @@ def load_start_point(path: str, *, step: int | None = None, do_lower_case: bool 
   start point lacks. `config_overrides` set our-only knobs: dtype, scan_layers, remat_policy,
   attention_impl, dropout rates.
   """
+  if path.startswith(RANDOM + ':'):
+    return random_start_point(path[len(RANDOM) + 1:], rng=rng, do_lower_case=do_lower_case,
+                              require_tokenizer=require_tokenizer, **config_overrides)
   if fs.is_url(path):
     return _load_url(path, step, do_lower_case, rng, require_tokenizer, config_overrides)
   kind = detect_kind(path)
@@ -471,6 +475,26 @@ def _load_url(url, step, given_lower, rng, required, overrides) -> StartPoint:
 def _is_workdir(path: str) -> bool:
   """Our training workdir (local or URL): it has `checkpoints/`."""
   return fs.isdir(fs.join(path, 'checkpoints'))
+
+
+def random_start_point(path: str, *, rng: jax.Array | None = None, **kwargs: Any) -> StartPoint:
+  """`random:<path>`: the start point at `path` with every weight drawn afresh as
+  pre-training initialises them (`model.init_params`, `rng`, default key 0): the same model
+  config, tokenizer and casing, no pre-training. The baseline that shows what pre-training is
+  worth; `randomized` redraws it per fine-tuning seed. A task head `path` carries is dropped."""
+  if path.startswith(RANDOM + ':'):
+    raise ValueError(f'{RANDOM}:{path}: random: given twice')
+  start = load_start_point(path, **kwargs)
+  return randomized(dataclasses.replace(start, kind=RANDOM, path=f'{RANDOM}:{start.path}',
+                                        step=None, head=None, head_params=None), rng)
+
+
+def randomized(start: StartPoint, rng: jax.Array | None = None) -> StartPoint:
+  """`start` with fresh BertForPreTraining weights from `rng` (float32 numpy, its layout)."""
+  from bert_jax import model  # pylint: disable=g-import-not-at-top
+  rng = jax.random.key(0) if rng is None else rng
+  params = jax.tree_util.tree_map(np.asarray, model.init_params(start.cfg, rng))
+  return dataclasses.replace(start, params=params)
 
 
 def init_head_params(start: StartPoint, head: heads.Head | None = None,

@@ -29,7 +29,8 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
     raise ValueError(f'configs/finetune.py:{task}: unknown task; expected one of {TASKS}')
   c = ml_collections.ConfigDict()
   c.task = task  # selects the readers, head, loss and metrics (set by :<task>)
-  c.init = ''  # start point (--init): our workdir, an HF directory or a Google TF checkpoint
+  c.init = ''  # start point (--init): our workdir, an HF directory or a Google TF checkpoint;
+  # random:<one of those>: its model config and tokenizer with fresh weights (no pre-training)
   c.seed = 0  # seed of the first run: head init, data order, dropout
   # Runs: N (seeds seed .. seed+N-1) or a list (1,5,7); results report median, min and max.
   c.seeds = ml_collections.FieldReference(1, field_type=object)

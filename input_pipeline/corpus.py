@@ -96,10 +96,16 @@ def read_text_files(patterns: str | Iterable[str], *, skip_bad_lines: bool = Fal
       stats.empty_files += 1
 
 
-def embedded_documents(stats: CorpusStats | None = None) -> Iterator[Document]:
+def embedded_documents(stats: CorpusStats | None = None, *, per_module: bool = False
+                       ) -> Iterator[Document]:
   """Docstrings of the standard library, one document per module/class/function docstring
-  of at least two sentences, in a fixed file order."""
+  of at least two sentences, in a fixed file order. `per_module=True` joins a module's
+  docstrings (in `ast.walk` order) into one document: longer documents, so that NSP pairs can
+  take their actual next segment instead of a random one."""
   stats = stats if stats is not None else CorpusStats()
+  if per_module:
+    yield from _per_module(stats)
+    return
   root = sysconfig.get_paths()['stdlib']
   skip = ('test', 'idlelib', 'lib2to3', 'site-packages', 'turtledemo', 'ensurepip', 'tkinter')
   for dirpath, dirnames, filenames in os.walk(root):
@@ -121,6 +127,65 @@ def embedded_documents(stats: CorpusStats | None = None) -> Iterator[Document]:
           if len(sentences) >= 2:
             stats.documents += 1
             yield sentences
+
+
+def _per_module(stats: CorpusStats) -> Iterator[Document]:
+  module: Document = []
+  last = None
+  counted = CorpusStats()
+  for doc in embedded_documents(counted):
+    if counted.files != last and module:
+      stats.documents += 1
+      yield module
+      module = []
+    last = counted.files
+    module.extend(doc)
+  if module:
+    stats.documents += 1
+    yield module
+  stats.files += counted.files
+
+
+# Unlabelled opinion text of Hutto & Gilbert's ICWSM-2014 data (the archive input_pipeline/mr.py
+# reads MR from): NYT editorial and Amazon review snippets, whose ids `doc_sentence` keep each
+# editorial/review's sentences together, and tweets (one per document). Movie-review snippets,
+# MR's own sentences, are never read here.
+OPINION_FILES = ('hutto_ICWSM_2014/nytEditorialSnippets_GroundTruth.txt',
+                 'hutto_ICWSM_2014/amazonReviewSnippets_GroundTruth.txt',
+                 'hutto_ICWSM_2014/tweets_GroundTruth.txt')
+
+
+def opinion_documents(sdist: str, stats: CorpusStats | None = None) -> Iterator[Document]:
+  """Documents (lists of sentences) of the ICWSM-2014 NYT editorial and Amazon review
+  snippets (grouped by the id before `_`) and of its tweets (each split into sentences), read
+  from the vaderSentiment 3.3.2 sdist (`input_pipeline.mr.fetch_mr`). Ratings are dropped."""
+  import io  # pylint: disable=g-import-not-at-top
+  import tarfile  # pylint: disable=g-import-not-at-top
+  from input_pipeline import mr  # pylint: disable=g-import-not-at-top
+  stats = stats if stats is not None else CorpusStats()
+  with tarfile.open(sdist, 'r:gz') as outer:
+    inner = outer.extractfile(mr.INNER_ARCHIVE).read()
+  with tarfile.open(fileobj=io.BytesIO(inner), mode='r:gz') as tar:
+    for name in OPINION_FILES:
+      assert 'movieReview' not in name
+      stats.files += 1
+      doc: Document = []
+      key = None
+      for line in tar.extractfile(name).read().decode('utf-8', 'replace').splitlines():
+        fields = line.strip().split('\t')
+        if len(fields) != 3 or not fields[2].strip():
+          continue
+        stats.lines += 1
+        doc_id = fields[0].split('_')[0] if '_' in fields[0] else fields[0]
+        if doc_id != key and doc:
+          stats.documents += 1
+          yield doc
+          doc = []
+        key = doc_id
+        doc.extend(split_sentences(fields[2]))
+      if doc:
+        stats.documents += 1
+        yield doc
 
 
 def tfds_documents(name: str, *, split: str = 'train', feature: str = 'text',
