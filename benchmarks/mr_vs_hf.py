@@ -76,7 +76,6 @@ labels only. Comparable in kind, not in value.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
