@@ -13,7 +13,10 @@ workdir=$(printf '%s\n' "$@" | sed -n 's/^--workdir=//p' | tail -1)
 log=$(mktemp -t bert_jax_worker.XXXXXX.log)
 target="${workdir%/}/logs/$(hostname).log"
 copy() { "$py" -m input_pipeline.fs cp "$log" "$target" || echo "$0: could not copy the log to $target" >&2; }
-( while sleep "${LOG_EVERY:-60}"; do copy; done ) &
+# The loop's sleep runs in the background so that stopping the loop stops it too: an orphaned
+# sleep would hold this script's output open (and ssh with it) for up to LOG_EVERY seconds.
+( trap 'kill $sleeper 2>/dev/null; exit 0' TERM
+  while true; do sleep "${LOG_EVERY:-60}" & sleeper=$!; wait $sleeper; copy; done ) &
 uploader=$!
 "$py" -m bert_jax.main "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
