@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 
 from bert_jax import run_setup, sharding as shd  # noqa: E402
-from configs import bert_tiny  # noqa: E402
+from configs import bert_tiny, common  # noqa: E402
 from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib  # noqa: E402
 from input_pipeline.instances import MaskingConfig  # noqa: E402
 from input_pipeline.tokenizer import WordPieceTokenizer  # noqa: E402
@@ -55,13 +55,7 @@ def overrides(files: str, batch: int, steps: int) -> dict:
 
 
 def bare_steps_per_second(files: str, batch: int, steps: int) -> float:
-  config = bert_tiny.get_config()
-  for key, value in overrides(files, batch, steps).items():  # as --config.key=value would
-    *parents, leaf = key.split('.')
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
+  config = common.override(bert_tiny.get_config(), overrides(files, batch, steps))
   setup = run_setup.from_config(config, jax.devices()[:1])
   state = setup.fresh_state()
   step = setup.train_step()

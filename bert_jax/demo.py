@@ -222,7 +222,7 @@ def mr_config(init: str, seeds: int, **overrides):
   """The MR recipe of benchmarks/pretraining_pays.py: configs/finetune.py:mr at 64 tokens,
   batch 32, AdamW lr 1e-4 (10% warmup, linear decay), 3 epochs, test accuracy at the best
   dev epoch, no export. `overrides`: 'optimizer.learning_rate'-style dotted fields."""
-  from configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
+  from configs import common, finetune as finetune_configs  # pylint: disable=g-import-not-at-top
   c = finetune_configs.get_config('mr')
   c.init = init
   c.seeds = seeds
@@ -231,13 +231,7 @@ def mr_config(init: str, seeds: int, **overrides):
   c.data.mr_cache_dir = MR_CACHE
   c.optimizer.learning_rate = 1e-4
   c.train.num_epochs = 3
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = c
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
-  return c
+  return common.override(c, overrides)
 
 
 def test_accuracy(results: dict) -> dict:

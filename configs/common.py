@@ -91,3 +91,15 @@ def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int
     c.train.num_steps = steps2
   else:
     raise ValueError(f'unknown phase {phase!r}: use :phase1 or :phase2')
+
+
+def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """Set dotted fields ('train.num_steps': 10) as `--config.train.num_steps=10` would; a
+  misspelt field is a KeyError, as on the command line."""
+  for key, value in values.items():
+    *parents, leaf = key.split('.')
+    node = c
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return c

@@ -1,9 +1,7 @@
 """Fast checks of the demo's pieces: the random-init start point its MR comparison uses, the
 loss-curve smoothing, the eval baselines it prints, and the opinion-snippet corpus reader."""
 
-import io
 import json
-import tarfile
 
 import jax
 import numpy as np
@@ -14,6 +12,7 @@ from input_pipeline import corpus, create_pretraining_data as cpd, mr
 from input_pipeline.instances import MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 import hf_reference
+from test_tasks import _tar_gz
 from bert_jax.model import BertConfig
 
 TINY = BertConfig.from_preset('tiny', vocab_size=100)
@@ -125,16 +124,6 @@ def test_eval_baselines_count_real_instances_only(tmp_path, pack):
     unpacked, _ = _records(tmp_path, False)
     again = demo.eval_baselines(unpacked, max_seq_length=32, max_predictions_per_seq=5)
     assert again['sentence'] == pytest.approx(base['sentence'], abs=0.1)
-
-
-def _tar_gz(members):
-  buf = io.BytesIO()
-  with tarfile.open(fileobj=buf, mode='w:gz') as tar:
-    for name, data in members.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
-  return buf.getvalue()
 
 
 def test_opinion_documents_group_by_id_and_never_read_movie_reviews(tmp_path):

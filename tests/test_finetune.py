@@ -19,7 +19,7 @@ import transformers
 from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, start_points
 from bert_jax.model import BertConfig
 from bert_jax.progress import LineProgress, progress_bar
-from configs import finetune as finetune_configs
+from configs import common, finetune as finetune_configs
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,13 +75,7 @@ def config(task, start, **overrides):
   c.train.eval_batch_size = 32
   c.train.log_every = 1
   c.optimizer.learning_rate = 5e-4  # a random-init encoder, not a pre-trained one
-  for key, value in overrides.items():
-    node = c
-    *path, last = key.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = value
-  return c
+  return common.override(c, overrides)
 
 
 def classification_files(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpointing, run_setup, train
-from configs import bert_tiny
+from configs import bert_tiny, common
 from input_pipeline import corpus, create_pretraining_data as cpd
 from input_pipeline.instances import MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
@@ -51,14 +51,7 @@ def overrides(data, steps=30, **extra):
 
 
 def config_with(values):
-  config = bert_tiny.get_config()
-  for key, value in values.items():
-    node = config
-    *path, last = key.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = value
-  return config
+  return common.override(bert_tiny.get_config(), values)
 
 
 def logged_losses(workdir):
