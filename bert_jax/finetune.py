@@ -585,8 +585,7 @@ def markdown(results: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  run_control.start_processes(FLAGS.coordinator_address, FLAGS.num_processes,
-                              FLAGS.process_id, FLAGS.tpu)
+  run_control.start_processes()
   config = FLAGS.config
   if FLAGS.init:
     config.init = FLAGS.init
@@ -602,10 +601,7 @@ def define_flags():
   flags.DEFINE_string('init', None, 'Start point: our workdir, an HF directory or a TF '
                       'checkpoint (sets config.init).')
   flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, exports and results go here.')
-  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host, not TPU).')
-  flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
-  flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
-  flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+  run_control.define_process_flags()
   flags.mark_flags_as_required(['config', 'workdir'])
 
 

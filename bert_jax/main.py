@@ -20,10 +20,7 @@ config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_
 flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and TensorBoard logs go here.')
 flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'export'], 'What to do.')
 flags.DEFINE_string('output', None, 'export: the HuggingFace directory to write.')
-flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host, not TPU).')
-flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
-flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
-flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+run_control.define_process_flags()
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -31,8 +28,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   import jax  # pylint: disable=g-import-not-at-top
-  run_control.start_processes(FLAGS.coordinator_address, FLAGS.num_processes,
-                              FLAGS.process_id, FLAGS.tpu)
+  run_control.start_processes()
   with run_control.user_errors():
     result = run_mode(FLAGS.config)
   if jax.process_index() == 0:

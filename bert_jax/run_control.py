@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 
-from absl import logging
+from absl import flags, logging
 
 
 class NonFiniteError(RuntimeError):
@@ -57,14 +57,23 @@ class PreemptionFlag:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def start_processes(coordinator_address: str | None, num_processes: int | None,
-                    process_id: int | None, tpu: bool) -> None:
-  """Join a multi-process job: an explicit coordinator (local processes, GPU clusters), or Cloud
-  TPU's own discovery; a single process needs neither."""
+def define_process_flags() -> None:
+  """The flags that join a multi-process job, shared by every entry point that trains."""
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host, not TPU).')
+  flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
+  flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
+  flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+
+
+def start_processes() -> None:
+  """Join a multi-process job as the flags of `define_process_flags` say: an explicit
+  coordinator (local processes, GPU clusters), or Cloud TPU's own discovery; a single process
+  needs neither."""
   import jax  # pylint: disable=g-import-not-at-top
-  if coordinator_address:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id)
-  elif tpu:
+  f = flags.FLAGS
+  if f.coordinator_address:
+    jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+  elif f.tpu:
     jax.distributed.initialize()
 
 
