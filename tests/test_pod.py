@@ -8,6 +8,7 @@ with a warning. Eval shares of unequal size end together, with exact metrics."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +32,15 @@ def _values(data):  # noqa: F811
       'model.hidden_dropout': 0.0, 'model.attention_dropout': 0.0})
 
 
-def _pod(workdir, values, port):
+def _free_port() -> int:
+  """A port no other pod uses: xdist may run this module's fixtures in two workers at once."""
+  with socket.socket() as sock:
+    sock.bind(('localhost', 0))
+    return sock.getsockname()[1]
+
+
+def _pod(workdir, values, port=None):
+  port = port or _free_port()
   values = dict(values)
   mode = values.pop('mode', 'train')
   flags = main_command(str(workdir), values)[3:] + [f'--mode={mode}']
@@ -79,7 +88,7 @@ def _saved_steps(workdir):
 def uninterrupted(data, tmp_path_factory):  # noqa: F811
   workdir = tmp_path_factory.mktemp('uninterrupted')
   UNINTERRUPTED_DIR.append(workdir)
-  rc, out = _finish(_pod(workdir, _values(data), 12471))
+  rc, out = _finish(_pod(workdir, _values(data)))
   assert rc == 0, out[-3000:]
   return logged_losses(str(workdir))
 
@@ -134,9 +143,9 @@ def preempted_twice(data, tmp_path_factory):  # noqa: F811
       os.kill(_process_pid(workdir, 1), signal.SIGTERM)
     except AssertionError:
       pass  # already saved and gone
-  first = _preempt(workdir, _pod(workdir, _values(data), 12472), 5, to_one)
-  second = _preempt(workdir, _pod(workdir, _values(data), 12472), first + 1, to_both)
-  rc, out = _finish(_pod(workdir, _values(data), 12472))
+  first = _preempt(workdir, _pod(workdir, _values(data)), 5, to_one)
+  second = _preempt(workdir, _pod(workdir, _values(data)), first + 1, to_both)
+  rc, out = _finish(_pod(workdir, _values(data)))
   assert rc == 0, out[-3000:]
   return workdir, first, second
 
@@ -193,7 +202,7 @@ def test_two_processes_with_unequal_eval_shares_agree_on_the_end_and_the_metrics
                                   'train.global_batch_size': 4, 'train.eval_steps': 1000})
   one = run_main(str(workdir), values, mode='eval')
   assert one.returncode == 0, one.stderr[-3000:]
-  rc, out = _finish(_pod(workdir, dict(values, mode='eval'), 12481))
+  rc, out = _finish(_pod(workdir, dict(values, mode='eval')))
   assert rc == 0, out[-3000:]
   a, b = _last_json(one.stdout), _last_json(out)
   print(f'eval of {n} records, 1 process: {a}\n2 processes: {b}')
