@@ -8,11 +8,11 @@ import pytest
 from bert_jax import aot, run_setup, synthetic
 from input_pipeline import create_pretraining_data as cpd, dataset as data_lib, features
 from input_pipeline.instances import MaskingConfig
-from test_train import config_with, data, overrides  # noqa: F401
+from test_train import config_with, overrides
 
 
 @pytest.fixture(scope='module')
-def packed_data(data, tmp_path_factory):  # noqa: F811
+def packed_data(data, tmp_path_factory):
   d = tmp_path_factory.mktemp('packed')
   cpd.run(cpd.Job(output_file=str(d / 'train'), masking=MaskingConfig(64, 10),
                   vocab_file=str(data / 'vocab.txt'), input_file=str(data / 'eval.txt'),
@@ -21,7 +21,7 @@ def packed_data(data, tmp_path_factory):  # noqa: F811
 
 
 @pytest.mark.parametrize('kind', ['plain', 'stored_packed', 'packed_on_the_fly'])
-def test_reader_batches_match_the_schema_the_step_compiles_for(data, packed_data, kind):  # noqa: F811
+def test_reader_batches_match_the_schema_the_step_compiles_for(data, packed_data, kind):
   values = overrides(data, **{'data.eval_files': ''})
   if kind == 'stored_packed':
     values.update({'data.packed': True, 'data.train_files': str(packed_data / 'train')})
@@ -54,7 +54,7 @@ def test_schema_check_names_what_differs():
     layout.check(batch, 'here')
 
 
-def test_aot_compiles_the_packed_step_a_packed_run_uses(data):  # noqa: F811
+def test_aot_compiles_the_packed_step_a_packed_run_uses(data):
   # Deviceless TPU compilation needs libtpu; the same code path compiles for this CPU's
   # devices, and the lowered step must take the packed features.
   config = config_with(overrides(data, **{'data.pack': True, 'mesh': (-1, 1, 1)}))

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from input_pipeline import dataset as data_lib, tfrecord
-from test_train import ROOT, data, logged_losses, main_command, overrides, run_main  # noqa: F401
+from test_train import ROOT, logged_losses, main_command, overrides, run_main
 
 STEPS = 30
 UNINTERRUPTED_DIR = []  # the uninterrupted run's workdir, for the eval test
 
 
-def _values(data):  # noqa: F811
+def _values(data):
   # No dropout and no shuffle buffer: both draw per row position, and one process must give
   # the same losses as two. What a resume must restore exactly is still all there: params,
   # optimizer moments, step, every process's record streams.
@@ -85,7 +85,7 @@ def _saved_steps(workdir):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(data, tmp_path_factory):  # noqa: F811
+def uninterrupted(data, tmp_path_factory):
   workdir = tmp_path_factory.mktemp('uninterrupted')
   UNINTERRUPTED_DIR.append(workdir)
   rc, out = _finish(_pod(workdir, _values(data)))
@@ -93,7 +93,7 @@ def uninterrupted(data, tmp_path_factory):  # noqa: F811
   return logged_losses(str(workdir))
 
 
-def test_two_processes_give_the_same_losses_as_one(data, uninterrupted, tmp_path):  # noqa: F811
+def test_two_processes_give_the_same_losses_as_one(data, uninterrupted, tmp_path):
   # The reader deals chunks to 8 record streams whatever the process count; process i reads
   # global records i, i+2, ... (dataset.training_records), so each global batch holds the same
   # rows as one process's, permuted: equal to float32 round-off (the sums run in other orders).
@@ -128,7 +128,7 @@ def _preempt(workdir, pod, after_step, send):
 
 
 @pytest.fixture(scope='module')
-def preempted_twice(data, tmp_path_factory):  # noqa: F811
+def preempted_twice(data, tmp_path_factory):
   """SIGTERM to process 1 only; resume; SIGTERM to process 0 and, 0.2 s later, process 1;
   resume to the end."""
   workdir = tmp_path_factory.mktemp('preempted')
@@ -161,7 +161,7 @@ def test_preemption_notices_save_one_step_on_every_host_and_resume_exactly(
 
 
 def test_resuming_with_another_process_count_is_refused_or_allowed_with_a_warning(
-    data, preempted_twice):  # noqa: F811
+    data, preempted_twice):
   workdir = preempted_twice[0]
   more = dict(_values(data), **{'train.num_steps': STEPS + 3})
   refused = run_main(str(workdir), more)
@@ -181,7 +181,7 @@ def _last_json(text: str) -> dict:
 
 
 def test_two_processes_with_unequal_eval_shares_agree_on_the_end_and_the_metrics(
-    data, uninterrupted, tmp_path):  # noqa: F811
+    data, uninterrupted, tmp_path):
   # An eval file of 3 chunks (dataset.chunks: 4 KiB each at this size): process 0 reads chunks
   # 0 and 2, process 1 chunk 1, so process 0 has about twice the batches. The host that runs
   # out first must keep stepping with all-padding batches until both agree the set has ended,

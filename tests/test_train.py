@@ -14,27 +14,9 @@ import pytest
 
 from bert_jax import checkpointing, run_setup, train
 from configs import bert_tiny, common
-from input_pipeline import corpus, create_pretraining_data as cpd
-from input_pipeline.instances import MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-  """A small corpus -> 2,000-word vocab -> 64-token train (3 shards) and eval records."""
-  d = tmp_path_factory.mktemp('data')
-  docs = list(corpus.embedded_documents())[:600]
-  corpus.write_text_file(docs[:560], str(d / 'train.txt'))
-  corpus.write_text_file(docs[560:], str(d / 'eval.txt'))
-  WordPieceTokenizer.train((s for doc in docs for s in doc), 2000, str(d))
-  masking = MaskingConfig(max_seq_length=64, max_predictions_per_seq=10)
-  for split, shards in (('train', 3), ('eval', 1)):
-    cpd.run(cpd.Job(output_file=str(d / split), masking=masking, vocab_file=str(d / 'vocab.txt'),
-                    input_file=str(d / f'{split}.txt'), dupe_factor=2, num_shards=shards,
-                    window_chars=30_000))
-  return d
 
 
 def overrides(data, steps=30, **extra):
