@@ -10,6 +10,12 @@ Models: `micro`, BERT-tiny at batch 4 (a step of a few milliseconds on a 2-core 
 a TPU step is) and `tiny`, BERT-tiny at batch 32 (the demo's). `--before` runs the loop of
 another checkout too (e.g. a git worktree of an older commit), interleaved with ours, each
 against the same bare step. One device, 128 tokens, 20 predictions, vocab 2,000.
+
+`--device_threads=1` gives XLA one thread (`--xla_cpu_multi_thread_eigen=false
+intra_op_parallelism_threads=1`, bare step and loop alike) and so leaves the other core to the
+host: the split of a TPU VM, whose device computes apart from the host CPUs that read and
+copy the next batch. With the default (0) the step takes every core and the host's work
+competes with it, which no accelerator run sees.
 """
 
 from __future__ import annotations
@@ -25,6 +31,19 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+
+def _device_threads_from_argv() -> int:
+  for arg in sys.argv[1:]:
+    if arg.startswith('--device_threads='):
+      return int(arg.split('=', 1)[1])
+  return 0
+
+
+DEVICE_THREADS = _device_threads_from_argv()
+XLA_FLAGS = ('--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+             if DEVICE_THREADS == 1 else '')
+os.environ['XLA_FLAGS'] = XLA_FLAGS  # before jax is imported: the bare step's threads too
 
 import jax  # noqa: E402
 
@@ -78,7 +97,7 @@ def loop_steps_per_second(repo: str, files: str, batch: int, steps: int) -> floa
     cmd = [sys.executable, '-m', 'bert_jax.main', '--config=configs/bert_tiny.py',
            f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in
                                       overrides(files, batch, steps).items()]
-    env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2')
+    env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2')
     run = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     if run.returncode:
       raise RuntimeError(run.stderr[-3000:])
@@ -93,6 +112,8 @@ def main():
   parser.add_argument('--steps', type=int, default=400)
   parser.add_argument('--rounds', type=int, default=2)
   parser.add_argument('--models', default='micro,tiny')
+  parser.add_argument('--device_threads', type=int, default=0, choices=(0, 1),
+                      help='1: XLA on one thread, the other core left to the host')
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as data_dir:
     files = make_data(data_dir)
@@ -105,7 +126,8 @@ def main():
         for label, repo in loops.items():
           rates[label].append(loop_steps_per_second(repo, files, batch, args.steps))
       bare = statistics.median(rates['bare'])
-      line = f'{name} (BERT-tiny, batch {batch}): bare step {1e3 / bare:.2f} ms ({bare:.1f}/s)'
+      threads = 'one XLA thread' if DEVICE_THREADS == 1 else 'XLA on every core'
+      line = f'{name} (BERT-tiny, batch {batch}, {threads}): bare step {1e3 / bare:.2f} ms ({bare:.1f}/s)'
       for label in loops:
         loop = statistics.median(rates[label])
         line += f'; {label} loop {loop:.1f}/s = {loop / bare:.3f} of bare'
