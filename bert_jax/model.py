@@ -228,6 +228,8 @@ class SelfAttention(nn.Module):
                                    ('batch', 'length', 'heads', 'kv'))
         for name in ('query', 'key', 'value'))
     if self.deterministic or cfg.attention_dropout == 0.0:
+      if cfg.attention_impl == 'cudnn':  # cuDNN takes a mask of every query row, not [B,1,1,S]
+        mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q.shape[1], k.shape[1]))
       ctx = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
     else:
       ctx = self._attention_with_dropout(q, k, v, mask)

@@ -1,0 +1,176 @@
+r"""BERT-base and BERT-large pre-training steps on one GPU in bfloat16: ours against HF PyTorch.
+
+  python benchmarks/gpu_step.py [--configs base:128:256,base:512:64,large:128:128,large:512:32]
+
+Per config (size:seq:batch), in this order, each in this one process: ours as a bare step
+(the compiled train step on a batch already on the device, back to back, one sync at the end),
+ours host-fed (a fresh numpy batch copied to the device every step and the step's metrics read
+one step behind: the transfer and metric pattern of bert_jax.train's loop, without its tf.data
+reader, which the GPU image lacks), and HuggingFace PyTorch `BertForPreTraining` (bf16
+autocast over float32 weights, fused AdamW, SDPA attention, the same numpy batch). All sides:
+mixed precision (float32 weights and optimizer, bfloat16 matmuls), AdamW lr 1e-4 wd 0.01,
+dropout 0.1, 20 masked predictions per 128 tokens (80 per 512), no padding. Step time = wall
+time of `--steps` steps after `--warmup`, divided by the steps. MFU = the model FLOPs of
+`bert_jax.flops.train_flops_per_step` (MLM head on the masked positions) / step time / the
+GPU's bf16 dense peak (`flops.KNOWN_PEAKS`; H100 989 TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bert_jax import flops, optim, sharding as shd, synthetic, train_step as ts  # noqa: E402
+from bert_jax.model import BertConfig  # noqa: E402
+
+
+def batches(n: int, batch: int, seq: int, preds: int, vocab: int) -> list[dict]:
+  rng = np.random.default_rng(0)
+  out = []
+  for _ in range(n):
+    b = synthetic.random_batch(rng, batch, seq, preds, vocab)
+    b['input_mask'][:] = 1  # no padding: every side does the same work
+    out.append(b)
+  return out
+
+
+def ours(size: str, seq: int, batch: int, preds: int, host: list[dict], steps: int,
+         warmup: int, attention_dropout: float = 0.1, attention_impl: str | None = None,
+         hidden_dropout: float = 0.1, scan_layers: bool = True) -> dict:
+  cfg = BertConfig.from_preset(size, dtype='bfloat16', attention_dropout=attention_dropout,
+                               attention_impl=attention_impl, hidden_dropout=hidden_dropout,
+                               scan_layers=scan_layers)
+  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
+  schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
+  tx = optim.make_optimizer('adamw', schedule, weight_decay=0.01)
+  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
+  state = ts.create_train_state(cfg, tx, 0, shardings)
+  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
+  on_device = [shd.global_batch(b, mesh) for b in host[:2]]
+  t = time.perf_counter()
+  with shd.activate(mesh, shd.DEFAULT_RULES):
+    compiled = step.jitted.lower(state, on_device[0]).compile()
+  compile_s = time.perf_counter() - t
+  for i in range(warmup):
+    state, metrics = compiled(state, on_device[i % 2])
+  jax.block_until_ready(metrics)
+  t = time.perf_counter()
+  for i in range(steps):
+    state, metrics = compiled(state, on_device[i % 2])
+  jax.block_until_ready((state, metrics))
+  bare = (time.perf_counter() - t) / steps
+  # Host-fed: copy a fresh batch per step, read step i-1's metrics after dispatching step i.
+  t = time.perf_counter()
+  previous = None
+  for i in range(steps):
+    state, metrics = compiled(state, shd.global_batch(host[i % len(host)], mesh))
+    if previous is not None:
+      loss = float(jax.device_get(previous['loss']))
+    previous = metrics
+  loss = float(jax.device_get(previous['loss']))
+  fed = (time.perf_counter() - t) / steps
+  model_flops = flops.train_flops_per_step(cfg, batch, seq, preds)
+  return dict(compile_s=compile_s, bare_s=bare, fed_s=fed, loss=loss, model_flops=model_flops)
+
+
+def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
+             attention_dropout: float = 0.1, hidden_dropout: float = 0.1) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers
+  preset = BertConfig.from_preset(size)
+  cfg = transformers.BertConfig(
+      vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
+      num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
+      intermediate_size=preset.intermediate_size, attn_implementation='sdpa',
+      attention_probs_dropout_prob=attention_dropout, hidden_dropout_prob=hidden_dropout)
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(cfg).cuda().train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+  def inputs(b):
+    labels = np.full(b['input_ids'].shape, -100, np.int64)
+    rows = np.arange(len(labels))[:, None]
+    labels[rows, b['masked_lm_positions']] = b['masked_lm_ids']
+    return {k: torch.from_numpy(np.asarray(v, np.int64)).cuda(non_blocking=True) for k, v in
+            dict(input_ids=b['input_ids'], attention_mask=b['input_mask'],
+                 token_type_ids=b['segment_ids'], labels=labels,
+                 next_sentence_label=b['next_sentence_labels'][:, 0]).items()}
+
+  device_batches = [inputs(b) for b in host[:2]]
+
+  def step(x):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+      loss = model(**x).loss
+    loss.backward()
+    opt.step()
+    return loss
+
+  for i in range(warmup):
+    step(device_batches[i % 2])
+  torch.cuda.synchronize()
+  t = time.perf_counter()
+  for i in range(steps):
+    step(device_batches[i % 2])
+  torch.cuda.synchronize()
+  return dict(step_s=(time.perf_counter() - t) / steps)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--configs', default='base:128:256,base:512:64,large:128:128,large:512:32')
+  p.add_argument('--steps', type=int, default=20)
+  p.add_argument('--warmup', type=int, default=5)
+  p.add_argument('--sides', default='ours,hf_torch')
+  p.add_argument('--attention_dropout', type=float, default=0.1, help='both sides')
+  p.add_argument('--hidden_dropout', type=float, default=0.1, help='both sides')
+  p.add_argument('--unrolled', action='store_true', help='ours: layers unrolled, not scanned')
+  p.add_argument('--attention_impl', default=None,
+                 help="ours: jax.nn.dot_product_attention's implementation, e.g. cudnn "
+                 '(used only where attention dropout is 0)')
+  args = p.parse_args()
+  kind = jax.devices()[0].device_kind
+  peak = flops.peak_flops_per_device()
+  print(f'device {kind}, bf16 dense peak {peak / 1e12:.0f} TFLOP/s, jax {jax.__version__}, '
+        f'attention dropout {args.attention_dropout}, hidden dropout {args.hidden_dropout}, '
+        f'ours scan_layers {not args.unrolled}, attention_impl '
+        f'{args.attention_impl}, PRNG {jax.config.jax_default_prng_impl}', flush=True)
+  print('| model | seq | batch | ours bare step | ours host-fed / bare | HF PyTorch step | '
+        'ours vs HF (tokens/s) | MFU ours | MFU HF |')
+  print('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |', flush=True)
+  for spec in args.configs.split(','):
+    size, seq, batch = spec.split(':')
+    seq, batch = int(seq), int(batch)
+    preds = 20 * seq // 128
+    host = batches(4, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
+    try:
+      r = ours(size, seq, batch, preds, host, args.steps, args.warmup, args.attention_dropout,
+               args.attention_impl, args.hidden_dropout, not args.unrolled)
+    except jax.errors.JaxRuntimeError as e:  # out of memory: say so, go on with the next
+      print(f'| BERT-{size} | {seq} | {batch} | {str(e).splitlines()[0][:120]} |', flush=True)
+      continue
+    h = (hf_torch(size, host, args.steps, args.warmup, args.attention_dropout, args.hidden_dropout)
+         if 'hf_torch' in args.sides else None)
+    if h:
+      import torch  # pylint: disable=g-import-not-at-top
+      torch.cuda.empty_cache()  # the next config's JAX arrays need the memory
+    mfu = lambda s: r['model_flops'] / s / peak  # noqa: E731
+    hf = (f'{1e3 * h["step_s"]:.1f} ms | {h["step_s"] / r["bare_s"]:.2f}x | {mfu(r["bare_s"]):.1%}'
+          f' | {mfu(h["step_s"]):.1%}') if h else 'n/a | n/a | ' + f'{mfu(r["bare_s"]):.1%} | n/a'
+    print(f'| BERT-{size} | {seq} | {batch} | {1e3 * r["bare_s"]:.1f} ms | '
+          f'{r["bare_s"] / r["fed_s"]:.3f} | {hf} |', flush=True)
+    print(json.dumps({'config': spec, **r, **({'hf_step_s': h['step_s']} if h else {})}),
+          flush=True)
+
+
+if __name__ == '__main__':
+  main()
