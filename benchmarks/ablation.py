@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -96,7 +95,7 @@ def run_variant(paths: dict, workdir: str, objective: str, rate: float, seed: in
   config.data.eval_files = ''  # evaluated after training, on 0.15 records (see `evaluate`)
   config.data.vocab_file = paths['vocab']
   config.data.sentence_objective = objective
-  config.data.max_predictions_per_seq = max(20, math.ceil(128 * rate))
+  config.data.max_predictions_per_seq = demo.max_predictions(rate)
   if FLAGS.steps:
     config.train.num_steps = FLAGS.steps
   run_dir = os.path.join(workdir, 'runs', name.replace(' ', '_'))

@@ -32,6 +32,9 @@ import numpy as np  # noqa: E402
 from bert_jax import flops, optim, sharding as shd, synthetic, train_step as ts  # noqa: E402
 from bert_jax.model import BertConfig  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import full_labels  # noqa: E402  (HF's [B, S] MLM labels of our batch)
+
 
 def batches(n: int, batch: int, seq: int, preds: int, vocab: int) -> list[dict]:
   rng = np.random.default_rng(0)
@@ -97,9 +100,7 @@ def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
   def inputs(b):
-    labels = np.full(b['input_ids'].shape, -100, np.int64)
-    rows = np.arange(len(labels))[:, None]
-    labels[rows, b['masked_lm_positions']] = b['masked_lm_ids']
+    labels = full_labels(b)
     return {k: torch.from_numpy(np.asarray(v, np.int64)).cuda(non_blocking=True) for k, v in
             dict(input_ids=b['input_ids'], attention_mask=b['input_mask'],
                  token_type_ids=b['segment_ids'], labels=labels,
@@ -148,8 +149,13 @@ def main():
         'ours vs HF (tokens/s) | MFU ours | MFU HF |')
   print('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |', flush=True)
   for spec in args.configs.split(','):
-    size, seq, batch = spec.split(':')
-    seq, batch = int(seq), int(batch)
+    try:
+      size, seq, batch = spec.split(':')
+      seq, batch = int(seq), int(batch)
+      BertConfig.from_preset(size)
+    except ValueError as e:
+      p.error(f'--configs: {spec!r} is not size:seq:batch with a known size, e.g. base:128:256 '
+              f'({e})')
     preds = 20 * seq // 128
     host = batches(4, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
     try:

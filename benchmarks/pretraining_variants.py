@@ -5,15 +5,17 @@ r"""A variant of the demo's pre-training, then MR fine-tuning of it (and of its 
 
 The search for a pre-training that pays on MR within the demo's budget, one variant per call.
 `--variant` (JSON) changes the demo (bert_jax/demo.py) in these keys only:
-  docstrings  false: drop the standard-library docstrings from the mixed corpus (default true)
+  docstrings  false: the in_domain corpus (mixed without the standard library's docstrings)
   objective   the sentence objective of the records: nsp (default) | sop | none
   mlm_prob    the masking rate (default 0.15; the prediction cap grows with it)
   dupe        the dupe factor (default 5)
   overrides   dotted configs/bert_tiny.py fields, e.g. {"train.num_steps": 4800}
   ft          dotted fine-tuning fields for both arms, e.g. {"optimizer.learning_rate": 3e-4}
   random      false: skip the random arm (when an earlier variant has the same vocabulary)
-`--data_from=<dir>` copies another variant's (or a demo workdir's) data/ instead of writing it:
-same records, so only the training changes. Prints the held-out MLM accuracy next to the
+The recipe is the demo's (`demo.pretraining_config`; since the evening of 2026-11-22 with the
+poly_warmup schedule: RESULTS rows measured before it pass {"optimizer.schedule": "bert",
+"optimizer.warmup_proportion": 0} to repeat). `--data_from=<dir>` copies another variant's (or
+a demo workdir's) data/ instead of writing it: same records, so only the training changes. Prints the held-out MLM accuracy next to the
 majority token, the fill-mask example, and MR test accuracy (seed 0) of both arms; everything
 lands in <output_dir>/<name>.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 from absl import app, flags, logging
@@ -35,57 +36,51 @@ flags.DEFINE_string('name', None, 'The variant\'s directory name.', required=Tru
 flags.DEFINE_string('variant', '{}', 'JSON: the changes to the demo (see the docstring).')
 flags.DEFINE_string('data_from', '', 'Copy data/ from this directory instead of writing it.')
 flags.DEFINE_string('output_dir', 'runs/pretraining_variants', 'Where variants go.')
+KEYS = {'docstrings', 'objective', 'mlm_prob', 'dupe', 'overrides', 'ft', 'random'}
 
 
-def write_data(paths: dict, opts: dict) -> None:
-  from input_pipeline import corpus  # pylint: disable=g-import-not-at-top
-  from input_pipeline import create_pretraining_data as cpd
-  from input_pipeline.tokenizer import WordPieceTokenizer
-  stats: dict = {}
-  docs = demo.demo_documents('mixed', stats)
-  if not opts.get('docstrings', True):
-    docs = docs[stats['docstring_documents']:]
-  corpus.write_text_file((d for i, d in enumerate(docs) if i % 20), paths['train_text'])
-  corpus.write_text_file((d for i, d in enumerate(docs) if i % 20 == 0), paths['eval_text'])
-  WordPieceTokenizer.train((s for i, d in enumerate(docs) if i % 20 for s in d), 8192,
-                           os.path.dirname(paths['vocab']))
-  for split in ('train', 'eval'):
-    s = cpd.run(demo.records_job(paths, split, paths[split], opts.get('dupe', 5),
-                                 sentence_objective=opts.get('objective', 'nsp'),
-                                 masked_lm_prob=opts.get('mlm_prob', 0.15), pack=True))
-    print(f'[variant] {split}: {s["instances"]:,} instances in {s["rows"]:,} rows (padding '
-          f'{s["padding_fraction"]:.3f})', flush=True)
+def parse_variant(text: str) -> dict:
+  try:
+    opts = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise app.UsageError(f'--variant is not JSON ({e}): {text!r}') from e
+  if not isinstance(opts, dict) or set(opts) - KEYS:
+    raise app.UsageError(f'--variant: expected an object with keys among {sorted(KEYS)}, got '
+                         f'{text!r}')
+  return opts
+
+
+def copy_data(source: str, workdir: str) -> None:
+  """`source`/data/* into `workdir`/data, through input_pipeline.fs (local or gs://)."""
+  files = fs.glob(fs.join(source, 'data', '*'))
+  if not files:
+    raise app.UsageError(f'--data_from={source}: no data/ files there (a demo or variant '
+                         'workdir has them)')
+  fs.makedirs(fs.join(workdir, 'data'))
+  for f in files:
+    fs.write_bytes(fs.join(workdir, 'data', fs.basename(f)), fs.read_bytes(f))
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   from bert_jax import export, train  # pylint: disable=g-import-not-at-top
-  from configs import bert_tiny, common
-  opts = json.loads(FLAGS.variant)
+  from configs import common
+  opts = parse_variant(FLAGS.variant)
   work = fs.absolute(fs.join(FLAGS.output_dir, FLAGS.name))
   start = time.time()
-  data = os.path.join(work, 'data')
-  paths = {'train_text': f'{data}/train.txt', 'eval_text': f'{data}/eval.txt',
-           'vocab': f'{data}/vocab.txt', 'train': f'{data}/train.tfrecord',
-           'eval': f'{data}/eval.tfrecord'}
-  if not os.path.exists(paths['eval'] + '.stats.json'):
-    if FLAGS.data_from:
-      shutil.copytree(os.path.join(FLAGS.data_from, 'data'), data)
-    else:
-      os.makedirs(data, exist_ok=True)
-      write_data(paths, opts)
-  objective = opts.get('objective', 'nsp')
-  predictions = max(20, -(-128 * opts.get('mlm_prob', 0.15) // 1))
-  config = common.override(bert_tiny.get_config(), {
-      'data.train_files': paths['train'] + '*', 'data.eval_files': paths['eval'],
-      'data.vocab_file': paths['vocab'], 'data.packed': True,
-      'data.max_instances_per_row': demo.PACK_K, 'data.sentence_objective': objective,
-      'data.max_predictions_per_seq': int(predictions), **opts.get('overrides', {})})
+  if FLAGS.data_from and not fs.exists(fs.join(work, 'data', 'eval.tfrecord.stats.json')):
+    copy_data(fs.absolute(FLAGS.data_from), work)
+  objective, rate = opts.get('objective', 'nsp'), opts.get('mlm_prob', 0.15)
+  corpus = 'mixed' if opts.get('docstrings', True) else 'in_domain'
+  paths = demo.prepare_data(work, opts.get('dupe', 5), corpus, pack=True,
+                            sentence_objective=objective, masked_lm_prob=rate)
+  config = common.override(demo.pretraining_config(paths, True, objective, rate),
+                           opts.get('overrides', {}))
   run_dir = fs.join(work, 'train')
   result = train.train_and_evaluate(config, run_dir)
   base = demo.eval_baselines(paths['eval'], objective, packed=True,
-                             max_predictions_per_seq=int(predictions))
+                             max_predictions_per_seq=config.data.max_predictions_per_seq)
   print(f'[variant] {FLAGS.name}: held-out MLM accuracy {result["eval"]["mlm_accuracy"]:.4f} '
         f'vs majority token {base["mlm"]:.4f} after {result["step"]} steps '
         f'({(time.time() - start) / 60:.1f} min)', flush=True)

