@@ -43,7 +43,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from bert_jax import checkpointing, finetune_step as fst, finetune_tasks, hf_heads, optim
-from bert_jax import progress, run_control, sharding as shd, start_points
+from bert_jax import progress, run_control, run_setup, sharding as shd, start_points
 from bert_jax.metric_writer import MetricWriter
 from input_pipeline import fs
 
@@ -482,6 +482,7 @@ def run(config, workdir: str) -> dict:
     fs.check_writable(workdir)  # now, not after the first epoch
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   start = load_start(config)
+  run_setup.warn_scanned_on_gpu(start.cfg, mesh)
   task = build_task(config, start)
   program = Program(config, task, start, mesh, rules, eval_batch)
   runs = []

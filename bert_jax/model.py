@@ -186,26 +186,38 @@ def attention_mask(input_mask: jax.Array | None, packed_segment_ids: jax.Array |
 
 
 class Embeddings(nn.Module):
+  """Word + position + token-type embeddings, looked up and summed in float32 (as HF under
+  autocast), then LayerNorm in the compute dtype. Why float32: the lookups' gradients are
+  scatter-adds, and a bfloat16 scatter-add has no native GPU atomic (each update is a
+  compare-and-swap loop): it cost 100 of 214 ms of a BERT-base bf16 step on an H100
+  (benchmarks/gpu_profile.py). The two-row token-type table is a one-hot matmul, as in
+  google-research/bert's modeling.py ("always faster for a small vocabulary"): its gradient
+  is then a reduction, not 32k atomic adds into two rows."""
+
   cfg: BertConfig
   deterministic: bool = True
 
   def setup(self):
     cfg = self.cfg
     self.word_embeddings = nn.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
+        cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32,
         embedding_init=_init(cfg, ('vocab', 'embed')))
     self.position_embeddings = nn.Embed(
-        cfg.max_position_embeddings, cfg.hidden_size, dtype=cfg.compute_dtype,
+        cfg.max_position_embeddings, cfg.hidden_size, dtype=jnp.float32,
         embedding_init=_init(cfg, ('position', 'embed')))
     self.token_type_embeddings = nn.Embed(
-        cfg.type_vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
+        cfg.type_vocab_size, cfg.hidden_size, dtype=jnp.float32,
         embedding_init=_init(cfg, ('token_type', 'embed')))
     self.layer_norm = _layer_norm(cfg, 'layer_norm')
     self.dropout = nn.Dropout(cfg.hidden_dropout)
 
   def __call__(self, input_ids, segment_ids, position_ids):
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids) +
-         self.token_type_embeddings(segment_ids))
+    token_types = jnp.einsum('bsv,vh->bsh',
+                             jax.nn.one_hot(segment_ids, self.cfg.type_vocab_size,
+                                            dtype=jnp.float32),
+                             self.token_type_embeddings.embedding,
+                             precision=jax.lax.Precision.HIGHEST)  # exact rows, even on TF32/TPU
+    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids) + token_types
     x = self.dropout(self.layer_norm(x), deterministic=self.deterministic)
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 

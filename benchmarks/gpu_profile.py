@@ -1,0 +1,181 @@
+r"""Where the GPU time of one pre-training step goes: ours (JAX profiler) and HF PyTorch's.
+
+  python benchmarks/gpu_profile.py --config=base:128:256 [--sides=ours,hf_torch]
+
+The diagnostic behind benchmarks/gpu_step.py's gap: profiles `--steps` steps of each side on
+the same batch and prints the GPU kernels grouped by kind (matmul, attention, fused
+elementwise/reduction, copies, the rest) with their share of the device time, then the top
+kernels by name. Ours: `jax.profiler.trace(..., create_perfetto_trace=True)` and its Chrome
+trace JSON; HF: `torch.profiler`'s CUDA kernel events. Same recipe as gpu_step.py (bf16
+mixed precision, AdamW, dropout 0.1, no padding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+
+import gpu_step  # noqa: E402
+
+KINDS = [('matmul', re.compile(r'gemm|cutlass|matmul|sm90_xmma|sm80_xmma|ampere|hopper|nvjet',
+                               re.I)),
+         ('attention', re.compile(r'flash|fmha|cudnn|attention', re.I)),
+         ('copy', re.compile(r'copy|memcpy|memset|transpose', re.I)),
+         ('fused', re.compile(r'fusion|loop_|input_|reduce|elementwise|vectorized|triton',
+                              re.I))]
+
+
+def kind_of(name: str) -> str:
+  for kind, pattern in KINDS:
+    if pattern.search(name):
+      return kind
+  return 'other'
+
+
+def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top: int) -> None:
+  total = sum(kernels.values())
+  by_kind = collections.Counter()
+  for name, us in kernels.items():
+    by_kind[kind_of(name)] += us
+  print(f'\n## {side}: {wall_s / steps * 1e3:.1f} ms/step wall, '
+        f'{total / steps / 1e3:.1f} ms/step of GPU kernels, {len(kernels)} distinct kernels')
+  for kind, us in by_kind.most_common():
+    print(f'  {kind:10s} {us / steps / 1e3:8.2f} ms/step  {us / total:6.1%}')
+  print(f'  top {top} kernels (ms/step, share):')
+  for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
+    print(f'    {us / steps / 1e3:7.2f}  {us / total:6.1%}  {name[:110]}')
+
+
+def profile_ours(size, seq, batch, preds, host, steps, top, dump_hlo):
+  from bert_jax import optim, sharding as shd, train_step as ts  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  cfg = BertConfig.from_preset(size, dtype='bfloat16')
+  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
+  schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
+  tx = optim.make_optimizer('adamw', schedule, weight_decay=0.01)
+  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
+  state = ts.create_train_state(cfg, tx, 0, shardings)
+  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
+  on_device = [shd.global_batch(b, mesh) for b in host[:2]]
+  with shd.activate(mesh, shd.DEFAULT_RULES):
+    compiled = step.jitted.lower(state, on_device[0]).compile()
+  text = compiled.as_text()
+  gemms = re.findall(r'custom_call_target="(__cublas[^"]*|__cudnn[^"]*)"', text)
+  print(f'ours: {len(text.splitlines())} HLO lines, custom calls {collections.Counter(gemms)}, '
+        f'while loops {text.count(" while(")}', flush=True)
+  f32_dots = [l for l in text.splitlines() if '__cublas' in l and re.search(r'= \(?f32\[', l)]
+  print(f'ours: cuBLAS calls with a float32 result: {len(f32_dots)}')
+  for line in f32_dots[:12]:
+    print('   ', line.strip()[:200])
+  if dump_hlo:
+    with open(dump_hlo, 'w') as f:
+      f.write(text)
+  for i in range(5):
+    state, metrics = compiled(state, on_device[i % 2])
+  jax.block_until_ready(metrics)
+  logdir = tempfile.mkdtemp(prefix='bert_jax_profile_')
+  t = time.perf_counter()
+  with jax.profiler.trace(logdir, create_perfetto_trace=True):
+    for i in range(steps):
+      state, metrics = compiled(state, on_device[i % 2])
+    jax.block_until_ready((state, metrics))
+  wall = time.perf_counter() - t
+  traces = glob.glob(os.path.join(logdir, '**', '*trace.json.gz'), recursive=True)
+  with gzip.open(traces[0]) as f:
+    trace = json.load(f)
+  events = trace['traceEvents'] if isinstance(trace, dict) else trace
+  pids = {e['pid']: e['args'].get('name', '') for e in events
+          if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  gpu_pids = {p for p, n in pids.items() if '/device:GPU' in n}
+  tids = {(e['pid'], e['tid']): e['args'].get('name', '') for e in events
+          if e.get('ph') == 'M' and e.get('name') == 'thread_name'}
+  kernels = collections.Counter()
+  for e in events:
+    if e.get('ph') == 'X' and e.get('pid') in gpu_pids:
+      lane = tids.get((e['pid'], e.get('tid')), '')
+      if 'Stream' in lane or 'stream' in lane or not lane:
+        kernels[e['name']] += float(e.get('dur', 0))
+  if not kernels:
+    print('ours: no GPU kernel events; process lanes:', sorted(set(pids.values()))[:20])
+  report('ours', kernels, steps, wall, top)
+
+
+def profile_hf(size, host, steps, top):
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch.profiler import ProfilerActivity, profile  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  preset = BertConfig.from_preset(size)
+  cfg = transformers.BertConfig(
+      vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
+      num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
+      intermediate_size=preset.intermediate_size, attn_implementation='sdpa')
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(cfg).cuda().train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+  labels = gpu_step.full_labels(host[0])
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  x = {k: torch.from_numpy(np.asarray(v, np.int64)).cuda() for k, v in dict(
+      input_ids=host[0]['input_ids'], attention_mask=host[0]['input_mask'],
+      token_type_ids=host[0]['segment_ids'], labels=labels,
+      next_sentence_label=host[0]['next_sentence_labels'][:, 0]).items()}
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+      loss = model(**x).loss
+    loss.backward()
+    opt.step()
+
+  for _ in range(5):
+    step()
+  torch.cuda.synchronize()
+  t = time.perf_counter()
+  with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(steps):
+      step()
+    torch.cuda.synchronize()
+  wall = time.perf_counter() - t
+  kernels = collections.Counter()
+  for e in prof.events():
+    if e.device_type == torch.autograd.DeviceType.CUDA:
+      kernels[e.name] += e.device_time
+  report('hf_torch', kernels, steps, wall, top)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--config', default='base:128:256')
+  p.add_argument('--steps', type=int, default=10)
+  p.add_argument('--top', type=int, default=25)
+  p.add_argument('--sides', default='ours,hf_torch')
+  p.add_argument('--dump_hlo', default='', help='write our optimized HLO text here')
+  args = p.parse_args()
+  size, seq, batch = args.config.split(':')
+  seq, batch = int(seq), int(batch)
+  preds = 20 * seq // 128
+  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  host = gpu_step.batches(2, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
+  print(f'device {jax.devices()[0].device_kind}, jax {jax.__version__}, config {args.config}',
+        flush=True)
+  if 'ours' in args.sides:
+    profile_ours(size, seq, batch, preds, host, args.steps, args.top, args.dump_hlo)
+  if 'hf_torch' in args.sides:
+    profile_hf(size, host, args.steps, args.top)
+
+
+if __name__ == '__main__':
+  main()
