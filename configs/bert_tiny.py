@@ -3,8 +3,9 @@ r"""BERT-tiny (L2 H128 A2) on the embedded corpus: the CPU demo default.
   bash scripts/demo.sh   # data creation, 2-core CPU training, eval, export, fill-mask
 
 The demo trains a WordPiece vocabulary of 8,192 on the Python standard library's docstrings,
-writes 128-token instances, and trains for `train.num_steps` steps of batch 32 (about 5
-minutes on 2 cores). Expected: held-out MLM accuracy well above the majority-token baseline
+writes 128-token instances, and trains for `train.num_steps` steps of batch 32 (about 7
+minutes on 2 cores; 1,800 steps, the fewest measured to reach 3x the majority token's held-out
+MLM accuracy: 1,200 gave 2.7x). Expected: held-out MLM accuracy well above the majority-token baseline
 (the demo prints both) and NSP accuracy above chance.
 """
 
@@ -15,12 +16,12 @@ def get_config(phase: str = 'phase1'):
   c = common.base_config()
   c.model.size = 'tiny'
   c.model.vocab_size = 8192
-  common.set_phase(c, phase, steps1=1_200, steps2=200)
+  common.set_phase(c, phase, steps1=1_800, steps2=200)
   c.train.global_batch_size = 32
   c.train.log_every = 50
-  c.train.eval_every = 400
+  c.train.eval_every = 600
   c.train.eval_steps = 20
-  c.train.checkpoint_every = 400
+  c.train.checkpoint_every = 600
   c.optimizer.learning_rate = 5e-4  # 1e-3 stalls at the unigram plateau at batch 32
   c.optimizer.warmup_steps = 100
   c.data.shuffle_buffer = 2_000
