@@ -337,6 +337,7 @@ def main() -> None:
   differ, total = token_agreement(model_dir, data_file, splits, hf, args.max_seq_length)
   print(f'tokenizers: {differ} of {total} rows differ between ours and HF\'s', flush=True)
   workroot = args.workroot or tempfile.mkdtemp(prefix='mr_vs_hf_')
+  os.makedirs(workroot, exist_ok=True)  # a --workroot that does not exist yet
   ours, theirs = [], []
   for seed in seeds:
     ours.append(run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length,
