@@ -39,7 +39,7 @@ def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:
   """Scanned layers are the default (compile time independent of depth, the right trade on
   TPU and CPU), but on GPUs XLA copies the scan's stacked activations every step: BERT-base
   128 x 256 bf16 ran 110.5 ms scanned against 73.7 ms unrolled on an H100, and BERT-large
-  128 x 128 ran out of memory scanned (benchmarks/RESULTS.md, "GPU step"). Say so once."""
+  128 x 128 ran out of memory scanned (benchmarks/RESULTS.md, "One H100"). Say so once."""
   if model_cfg.scan_layers and mesh.devices.flat[0].platform == 'gpu':
     logging.warning('model.scan_layers=True on GPU: XLA copies the scanned activations every '
                     'step (BERT-base bf16 on an H100: 1.5x slower than unrolled, and BERT-large '
