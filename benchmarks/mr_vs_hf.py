@@ -58,10 +58,11 @@ of both epochs. Wall time of the whole seed (load, compile, train, eval, ours' c
 is printed as well. Ours runs `bert_jax.finetune.run` itself (checkpoints every epoch, no
 HF export: `config.export=False`), so its figure is what the CLI gets.
 
-Run time (2-core shared VM, 2026-11-22, load average 6-10 from other jobs): one epoch of one
-seed took ~14 min for ours (~10.5 examples/s) and ~45 min for HF (~3-4 examples/s), so the full
-default run (3 seeds x 2 epochs, both sides) needs ~6 hours there; the recorded run is
-`--seeds=0 --epochs=1` (benchmarks/RESULTS.md). `--smoke_sentences=300` checks the script end
+Run time (2-core VM, 2026-11-22): one epoch of one seed takes ~4.5 min for ours (~32
+examples/s) and ~5 min for HF (~29 examples/s) on an idle machine, so the full default run
+(3 seeds x 2 epochs, both sides) needs about an hour; under a load average of 6-10 it took
+~14 and ~45 min. Recorded: `--seeds=0 --epochs=1` (loaded) and `--seeds=1,2 --epochs=1`
+(idle), benchmarks/RESULTS.md. `--smoke_sentences=300` checks the script end
 to end in ~6 min (its accuracies mean nothing: 300 sentences, one class in dev and test).
 
 Published figures (google-research/bert README, the compact-model table; GLUE test server
