@@ -1,6 +1,6 @@
 r"""Where the GPU time of one pre-training step goes: ours (JAX profiler) and HF PyTorch's.
 
-  python benchmarks/gpu_profile.py --config=base:128:256 [--sides=ours,hf_torch]
+  python benchmarks/gpu_profile.py --config=base:128:256 [--sides=ours,hf_torch] [--scanned]
 
 The diagnostic behind benchmarks/gpu_step.py's gap: profiles `--steps` steps of each side on
 the same batch and prints the GPU kernels grouped by kind (matmul, attention, fused
@@ -59,19 +59,10 @@ def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top:
     print(f'    {us / steps / 1e3:7.2f}  {us / total:6.1%}  {name[:110]}')
 
 
-def profile_ours(size, seq, batch, preds, host, steps, top, dump_hlo):
-  from bert_jax import optim, sharding as shd, train_step as ts  # pylint: disable=g-import-not-at-top
+def profile_ours(size, host, steps, top, dump_hlo, scanned):
   from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
-  cfg = BertConfig.from_preset(size, dtype='bfloat16')
-  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
-  schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
-  tx = optim.make_optimizer('adamw', schedule, weight_decay=0.01)
-  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
-  state = ts.create_train_state(cfg, tx, 0, shardings)
-  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
-  on_device = [shd.global_batch(b, mesh) for b in host[:2]]
-  with shd.activate(mesh, shd.DEFAULT_RULES):
-    compiled = step.jitted.lower(state, on_device[0]).compile()
+  cfg = BertConfig.from_preset(size, dtype='bfloat16', scan_layers=scanned)
+  state, compiled, on_device, _ = gpu_step.compiled_step(cfg, host)
   text = compiled.as_text()
   gemms = re.findall(r'custom_call_target="(__cublas[^"]*|__cudnn[^"]*)"', text)
   print(f'ours: {len(text.splitlines())} HLO lines, custom calls {collections.Counter(gemms)}, '
@@ -163,6 +154,8 @@ def main():
   p.add_argument('--top', type=int, default=25)
   p.add_argument('--sides', default='ours,hf_torch')
   p.add_argument('--dump_hlo', default='', help='write our optimized HLO text here')
+  p.add_argument('--scanned', action='store_true', help='ours: layers under nn.scan '
+                 '(default unrolled, as gpu_step.py)')
   args = p.parse_args()
   size, seq, batch = args.config.split(':')
   seq, batch = int(seq), int(batch)
@@ -172,7 +165,7 @@ def main():
   print(f'device {jax.devices()[0].device_kind}, jax {jax.__version__}, config {args.config}',
         flush=True)
   if 'ours' in args.sides:
-    profile_ours(size, seq, batch, preds, host, args.steps, args.top, args.dump_hlo)
+    profile_ours(size, host, args.steps, args.top, args.dump_hlo, args.scanned)
   if 'hf_torch' in args.sides:
     profile_hf(size, host, args.steps, args.top)
 
