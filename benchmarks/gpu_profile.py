@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 
 import gpu_step  # noqa: E402
+from input_pipeline import fs  # noqa: E402
 
 KINDS = [('matmul', re.compile(r'gemm|cutlass|matmul|sm90_xmma|sm80_xmma|ampere|hopper|nvjet',
                                re.I)),
@@ -72,8 +73,7 @@ def profile_ours(size, host, steps, top, dump_hlo, scanned):
   for line in f32_dots[:12]:
     print('   ', line.strip()[:200])
   if dump_hlo:
-    with open(dump_hlo, 'w') as f:
-      f.write(text)
+    fs.write_text(dump_hlo, text)
   for i in range(5):
     state, metrics = compiled(state, on_device[i % 2])
   jax.block_until_ready(metrics)
@@ -85,6 +85,9 @@ def profile_ours(size, host, steps, top, dump_hlo, scanned):
     jax.block_until_ready((state, metrics))
   wall = time.perf_counter() - t
   traces = glob.glob(os.path.join(logdir, '**', '*trace.json.gz'), recursive=True)
+  if not traces:
+    raise SystemExit(f'the JAX profiler wrote no *trace.json.gz under {logdir} (this jax may '
+                     'lack create_perfetto_trace)')
   with gzip.open(traces[0]) as f:
     trace = json.load(f)
   events = trace['traceEvents'] if isinstance(trace, dict) else trace
@@ -107,30 +110,8 @@ def profile_ours(size, host, steps, top, dump_hlo, scanned):
 def profile_hf(size, host, steps, top):
   import torch  # pylint: disable=g-import-not-at-top
   from torch.profiler import ProfilerActivity, profile  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
-  preset = BertConfig.from_preset(size)
-  cfg = transformers.BertConfig(
-      vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
-      num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
-      intermediate_size=preset.intermediate_size, attn_implementation='sdpa')
-  torch.manual_seed(0)
-  model = transformers.BertForPreTraining(cfg).cuda().train()
-  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-  labels = gpu_step.full_labels(host[0])
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  x = {k: torch.from_numpy(np.asarray(v, np.int64)).cuda() for k, v in dict(
-      input_ids=host[0]['input_ids'], attention_mask=host[0]['input_mask'],
-      token_type_ids=host[0]['segment_ids'], labels=labels,
-      next_sentence_label=host[0]['next_sentence_labels'][:, 0]).items()}
-
-  def step():
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast('cuda', dtype=torch.bfloat16):
-      loss = model(**x).loss
-    loss.backward()
-    opt.step()
-
+  step_on, device_batches = gpu_step.hf_step(size, host)
+  step = lambda: step_on(device_batches[0])  # noqa: E731
   for _ in range(5):
     step()
   torch.cuda.synchronize()
@@ -153,12 +134,12 @@ def main():
   p.add_argument('--steps', type=int, default=10)
   p.add_argument('--top', type=int, default=25)
   p.add_argument('--sides', default='ours,hf_torch')
-  p.add_argument('--dump_hlo', default='', help='write our optimized HLO text here')
+  p.add_argument('--dump_hlo', default='', help='write our optimized HLO text here (local or '
+                 'gs://)')
   p.add_argument('--scanned', action='store_true', help='ours: layers under nn.scan '
                  '(default unrolled, as gpu_step.py)')
   args = p.parse_args()
-  size, seq, batch = args.config.split(':')
-  seq, batch = int(seq), int(batch)
+  size, seq, batch = gpu_step.parse_config(args.config, '--config')
   preds = 20 * seq // 128
   from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
   host = gpu_step.batches(2, batch, seq, preds, BertConfig.from_preset(size).vocab_size)

@@ -94,8 +94,11 @@ def ours(size: str, seq: int, batch: int, preds: int, host: list[dict], steps: i
   return dict(compile_s=compile_s, bare_s=bare, fed_s=fed, loss=loss, model_flops=model_flops)
 
 
-def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
-             attention_dropout: float = 0.1, hidden_dropout: float = 0.1) -> dict:
+def hf_step(size: str, host: list[dict], attention_dropout: float = 0.1,
+            hidden_dropout: float = 0.1, device: str = 'cuda'):
+  """HF PyTorch `BertForPreTraining` (SDPA attention, fused AdamW lr 1e-4 wd 0.01, bf16
+  autocast over float32 weights) and `host`'s first two batches on `device`:
+  (step(batch) -> loss, the device batches)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers
   preset = BertConfig.from_preset(size)
@@ -105,26 +108,31 @@ def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
       intermediate_size=preset.intermediate_size, attn_implementation='sdpa',
       attention_probs_dropout_prob=attention_dropout, hidden_dropout_prob=hidden_dropout)
   torch.manual_seed(0)
-  model = transformers.BertForPreTraining(cfg).cuda().train()
+  model = transformers.BertForPreTraining(cfg).to(device).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
   def inputs(b):
     labels = full_labels(b)
-    return {k: torch.from_numpy(np.asarray(v, np.int64)).cuda(non_blocking=True) for k, v in
-            dict(input_ids=b['input_ids'], attention_mask=b['input_mask'],
-                 token_type_ids=b['segment_ids'], labels=labels,
-                 next_sentence_label=b['next_sentence_labels'][:, 0]).items()}
-
-  device_batches = [inputs(b) for b in host[:2]]
+    return {k: torch.from_numpy(np.asarray(v, np.int64)).to(device, non_blocking=True)
+            for k, v in dict(input_ids=b['input_ids'], attention_mask=b['input_mask'],
+                             token_type_ids=b['segment_ids'], labels=labels,
+                             next_sentence_label=b['next_sentence_labels'][:, 0]).items()}
 
   def step(x):
     opt.zero_grad(set_to_none=True)
-    with torch.autocast('cuda', dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
       loss = model(**x).loss
     loss.backward()
     opt.step()
     return loss
 
+  return step, [inputs(b) for b in host[:2]]
+
+
+def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
+             attention_dropout: float = 0.1, hidden_dropout: float = 0.1) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  step, device_batches = hf_step(size, host, attention_dropout, hidden_dropout)
   for i in range(warmup):
     step(device_batches[i % 2])
   torch.cuda.synchronize()
@@ -133,6 +141,18 @@ def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
     step(device_batches[i % 2])
   torch.cuda.synchronize()
   return dict(step_s=(time.perf_counter() - t) / steps)
+
+
+def parse_config(spec: str, flag: str) -> tuple[str, int, int]:
+  """'base:128:256' -> ('base', 128, 256); anything else is a usage error naming `flag`."""
+  try:
+    size, seq, batch = spec.split(':')
+    seq, batch = int(seq), int(batch)
+    BertConfig.from_preset(size)
+  except ValueError as e:
+    raise SystemExit(f'{flag}: {spec!r} is not size:seq:batch with a known size, e.g. '
+                     f'base:128:256 ({e})') from e
+  return size, seq, batch
 
 
 def main():
@@ -160,13 +180,7 @@ def main():
         'ours vs HF (tokens/s) | MFU ours | MFU HF |')
   print('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |', flush=True)
   for spec in args.configs.split(','):
-    try:
-      size, seq, batch = spec.split(':')
-      seq, batch = int(seq), int(batch)
-      BertConfig.from_preset(size)
-    except ValueError as e:
-      p.error(f'--configs: {spec!r} is not size:seq:batch with a known size, e.g. base:128:256 '
-              f'({e})')
+    size, seq, batch = parse_config(spec, '--configs')
     preds = 20 * seq // 128
     host = batches(4, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
     try:
