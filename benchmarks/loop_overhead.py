@@ -32,6 +32,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+if __name__ == '__main__':
+  host_malloc.reexec_with_tuned_malloc()
+
 
 def _device_threads_from_argv() -> int:
   for arg in sys.argv[1:]:

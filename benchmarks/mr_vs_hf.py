@@ -86,6 +86,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+if __name__ == '__main__':
+  host_malloc.reexec_with_tuned_malloc()
+
 import numpy as np  # noqa: E402
 
 PUBLISHED_SST2 = (('BERT-Tiny (L2 H128)', 83.2), ('BERT-Mini (L4 H256)', 85.9),

@@ -21,6 +21,10 @@ finished arms. Measured figures: benchmarks/RESULTS.md, "Pre-training pays (MR)"
 
 from __future__ import annotations
 
+if __name__ == '__main__':  # CPU malloc tuned, as the CLIs do
+  from bert_jax import host_malloc
+  host_malloc.reexec_with_tuned_malloc()
+
 import json
 import os
 import time

@@ -22,6 +22,10 @@ lands in <output_dir>/<name>.
 
 from __future__ import annotations
 
+if __name__ == '__main__':  # CPU malloc tuned, as the CLIs do
+  from bert_jax import host_malloc
+  host_malloc.reexec_with_tuned_malloc()
+
 import json
 import os
 import time

@@ -16,6 +16,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+if __name__ == '__main__':
+  host_malloc.reexec_with_tuned_malloc()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 

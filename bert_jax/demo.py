@@ -25,6 +25,10 @@ docstring, one instance per row), which benchmarks/ablation.py still uses.
 
 from __future__ import annotations
 
+if __name__ == '__main__':  # before the heavy imports, which the new process then does once
+  from bert_jax import host_malloc
+  host_malloc.reexec_with_tuned_malloc()
+
 import collections
 import io
 import json

@@ -25,6 +25,10 @@ majority-class (mean, no-answer) baseline go to `<workdir>/results.json` and `re
 
 from __future__ import annotations
 
+if __name__ == '__main__':  # before the heavy imports, which the new process then does once
+  from bert_jax import host_malloc
+  host_malloc.reexec_with_tuned_malloc()
+
 import ast
 import functools
 import json

@@ -7,6 +7,10 @@ Multi-host: on Cloud TPU `jax.distributed.initialize()` needs no arguments; else
 --coordinator_address, --num_processes and --process_id (launch/local_pod.sh does).
 """
 
+if __name__ == '__main__':  # before the heavy imports, which the new process then does once
+  from bert_jax import host_malloc
+  host_malloc.reexec_with_tuned_malloc()
+
 import json
 import os
 
