@@ -343,31 +343,43 @@ class SeedRun:
     return self.result(step), preemption.requested
 
   def _train_epoch(self, state, step, bar, writer, preemption, manager):
+    """One epoch from `step` on. Step N's metrics are read once step N+1 is dispatched, so the
+    device never waits for the host between steps; a non-finite loss still stops the run
+    before the epoch's checkpoint (or any later one) is written."""
     p = self.program
     epoch, offset = divmod(step, p.steps_per_epoch)
     rows = epoch_rows(self.seed, epoch, self.task.num_train, p.batch)
     timer = Throughput()
+    pending = None
     for b in range(offset, p.steps_per_epoch):
       batch = take(self.task.train, local_rows(rows[b]), finetune_tasks.DEVICE_ARRAYS)
       state, metrics = p.train_step(state, batch)
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       step += 1
+      if pending:
+        self._record(*pending, epoch, bar, writer, manager)
+      pending = (step, metrics)
       timer.step(int((rows[b] >= 0).sum()))
-      if not math.isfinite(metrics['loss']):
-        raise run_control.NonFiniteError(
-            f'seed {self.seed} step {step}: loss={metrics["loss"]} is not finite; stopped '
-            f'without saving (the last checkpoint is step {manager.latest_step()}). Lower '
-            '--config.optimizer.learning_rate or check the data.')
-      self.epoch_loss = [self.epoch_loss[0] + metrics['loss'], self.epoch_loss[1] + 1]
-      bar.update(1)
-      bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)
-      if step % self.config.train.log_every == 0:
-        writer.write(step, metrics, 'train/')
       if preemption.reached(step):
         logging.warning('SIGTERM: saving seed %d at step %d and exiting', self.seed, step)
         break
+    if pending:
+      self._record(*pending, epoch, bar, writer, manager)
     self._throughput = timer.rate()
     return state, step
+
+  def _record(self, step, metrics, epoch, bar, writer, manager) -> None:
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not math.isfinite(metrics['loss']):
+      last = manager.latest_step()
+      kept = 'no checkpoint yet' if last is None else f'the last checkpoint is step {last}'
+      raise run_control.NonFiniteError(
+          f'seed {self.seed} step {step}: loss={metrics["loss"]} is not finite; stopped '
+          f'without saving ({kept}). Lower --config.optimizer.learning_rate or check the data.')
+    self.epoch_loss = [self.epoch_loss[0] + metrics['loss'], self.epoch_loss[1] + 1]
+    bar.update(1)
+    bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)
+    if step % self.config.train.log_every == 0:
+      writer.write(step, metrics, 'train/')
 
   def _end_epoch(self, state, step, bar, writer) -> None:
     """Score the dev splits; if this epoch is the best so far, score the test splits, write

@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, start_points
+from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, run_control
+from bert_jax import start_points
 from bert_jax.model import BertConfig
 from bert_jax.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
@@ -210,6 +211,18 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
   with pytest.raises(ValueError, match=r"'total_steps': 36}.*'total_steps': 48}.*"
                                        'train.stop_after_epoch ends a run early'):
     finetune.run(generic_config(files, start_dir, **{'train.num_epochs': 4}), workdir)
+
+
+def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
+  """Metrics are read one step late (the device never waits for the host), yet a loss that
+  overflows mid-epoch stops the run with the step named and nothing saved."""
+  files = classification_files(tmp_path)
+  workdir = str(tmp_path / 'w')
+  message = r'seed 0 step \d+: loss=(nan|inf) .*\(no checkpoint yet\)'
+  with pytest.raises(run_control.NonFiniteError, match=message):
+    finetune.run(generic_config(files, start_dir, **{'optimizer.learning_rate': 1e38}), workdir)
+  assert not os.path.exists(checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0'))) or \
+      not os.listdir(checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0')))
 
 
 # ----------------------------------------------------------------------------- other tasks
