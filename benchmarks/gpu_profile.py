@@ -63,7 +63,7 @@ def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top:
 def profile_ours(size, host, steps, top, dump_hlo, scanned):
   from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
   cfg = BertConfig.from_preset(size, dtype='bfloat16', scan_layers=scanned)
-  state, compiled, on_device, _ = gpu_step.compiled_step(cfg, host)
+  state, compiled, on_device, _, _ = gpu_step.compiled_step(cfg, host)
   text = compiled.as_text()
   gemms = re.findall(r'custom_call_target="(__cublas[^"]*|__cudnn[^"]*)"', text)
   print(f'ours: {len(text.splitlines())} HLO lines, custom calls {collections.Counter(gemms)}, '

@@ -50,7 +50,8 @@ def batches(n: int, batch: int, seq: int, preds: int, vocab: int) -> list[dict]:
 
 def compiled_step(cfg: BertConfig, host: list[dict]):
   """Our AdamW (lr 1e-4, wd 0.01) train step for `cfg` on one device, compiled ahead of time:
-  (fresh state, the compiled step, `host`'s first two batches on the device, compile seconds)."""
+  (fresh state, the compiled step, `host`'s first two batches on the device, compile seconds,
+  the one-device mesh the step runs on)."""
   mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
   schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
   tx = optim.make_optimizer('adamw', schedule, weight_decay=0.01)
@@ -61,7 +62,7 @@ def compiled_step(cfg: BertConfig, host: list[dict]):
   t = time.perf_counter()
   with shd.activate(mesh, shd.DEFAULT_RULES):
     compiled = step.jitted.lower(state, on_device[0]).compile()
-  return state, compiled, on_device, time.perf_counter() - t
+  return state, compiled, on_device, time.perf_counter() - t, mesh
 
 
 def ours(size: str, seq: int, batch: int, preds: int, host: list[dict], steps: int,
@@ -70,8 +71,7 @@ def ours(size: str, seq: int, batch: int, preds: int, host: list[dict], steps: i
   cfg = BertConfig.from_preset(size, dtype='bfloat16', attention_dropout=attention_dropout,
                                attention_impl=attention_impl, hidden_dropout=hidden_dropout,
                                scan_layers=scan_layers)
-  state, compiled, on_device, compile_s = compiled_step(cfg, host)
-  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
+  state, compiled, on_device, compile_s, mesh = compiled_step(cfg, host)
   for i in range(warmup):
     state, metrics = compiled(state, on_device[i % 2])
   jax.block_until_ready(metrics)

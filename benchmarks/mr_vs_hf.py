@@ -92,6 +92,8 @@ if __name__ == '__main__':
 
 import numpy as np  # noqa: E402
 
+from input_pipeline import fs  # noqa: E402
+
 PUBLISHED_SST2 = (('BERT-Tiny (L2 H128)', 83.2), ('BERT-Mini (L4 H256)', 85.9),
                   ('BERT-Small (L4 H512)', 89.7))
 BATCH, EVAL_BATCH, LR, WARMUP, WD, CLIP, EPS = 32, 64, 5e-5, 0.1, 0.01, 1.0, 1e-8
@@ -342,7 +344,7 @@ def main() -> None:
   differ, total = token_agreement(model_dir, data_file, splits, hf, args.max_seq_length)
   print(f'tokenizers: {differ} of {total} rows differ between ours and HF\'s', flush=True)
   workroot = args.workroot or tempfile.mkdtemp(prefix='mr_vs_hf_')
-  os.makedirs(workroot, exist_ok=True)  # a --workroot that does not exist yet
+  fs.makedirs(workroot)  # a --workroot that does not exist yet (gs:// needs none)
   ours, theirs = [], []
   for seed in seeds:
     ours.append(run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length,
