@@ -58,7 +58,11 @@ def reexec_with_tuned_malloc() -> None:
 def main(argv: list[str]) -> None:
   if not argv:
     raise SystemExit('usage: python -m bert_jax.host_malloc COMMAND [ARGS...]')
-  os.execvpe(argv[0], argv, tuned_environ())
+  try:
+    os.execvpe(argv[0], argv, tuned_environ())
+  except OSError as e:
+    raise SystemExit(f'bert_jax.host_malloc: cannot run {argv[0]!r}: {e.strerror}; give a '
+                     'command on PATH or its path') from e
 
 
 if __name__ == '__main__':

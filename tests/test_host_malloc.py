@@ -87,3 +87,11 @@ def test_command_runner_sets_the_environment():
                        env=dict(untuned_env(), PYTHONPATH=ROOT), check=True,
                        capture_output=True, text=True, cwd=ROOT).stdout
   assert out.strip() == host_malloc.TUNABLES
+
+
+def test_command_runner_names_a_command_it_cannot_run():
+  out = subprocess.run([sys.executable, '-m', 'bert_jax.host_malloc', 'no-such-command-xyz'],
+                       env=dict(untuned_env(), PYTHONPATH=ROOT), capture_output=True, text=True,
+                       cwd=ROOT)
+  assert out.returncode != 0
+  assert "cannot run 'no-such-command-xyz'" in out.stderr and 'Traceback' not in out.stderr
