@@ -84,12 +84,42 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None,
   return manager.save(step, args=ocp.args.Composite(**items), force=force)
 
 
+RESUME_HINT = ('Resume with the model.size, model.* shapes, model.scan_layers and optimizer.name '
+               'the run was started with (its config.json), or start a new workdir from it with '
+               '--config.train.init_from=<that workdir> (which takes the parameters in either '
+               'layer layout).')
+
+
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
-  """State onto the shardings carried by `abstract_state` (any mesh), iterator in place."""
+  """State onto the shardings carried by `abstract_state` (any mesh), iterator in place.
+
+  Raises ValueError, naming the leaves, when the checkpoint holds another state layout than
+  `abstract_state` (another model size, `model.scan_layers` or optimizer): Orbax's own
+  error for that names neither the cause nor the fix."""
+  check_same_layout(manager, step, abstract_state, RESUME_HINT)
   items = {'state': ocp.args.StandardRestore(abstract_state)}
   if data_iterator is not None:
     items['data'] = DataIteratorRestore(data_iterator)
   return manager.restore(step, args=ocp.args.Composite(**items))['state']
+
+
+def check_same_layout(manager: ocp.CheckpointManager, step: int, abstract_state,
+                      what_to_do: str) -> None:
+  """ValueError naming a few differing leaves when checkpoint `step` does not hold the
+  leaves (names and shapes) of `abstract_state`."""
+  saved_meta = manager.item_metadata(step)['state']
+  saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_meta).items()}
+  want = {k: tuple(v.shape) for k, v in _leaves_by_name(abstract_state).items()}
+  if saved == want:
+    return
+  diff = sorted((k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)),
+                key=lambda k: (not k.startswith('params.'), k))  # parameters say it best
+  shape = lambda v: 'absent' if v is None else v
+  shown = ', '.join(f'{k}: saved {shape(saved.get(k))} vs expected {shape(want.get(k))}'
+                    for k in diff[:3])
+  raise ValueError(
+      f'{manager.directory}/{step} holds another state layout than this run\'s config '
+      f'({len(diff)} leaves differ, e.g. {shown}). {what_to_do}')
 
 
 def abstract_like(shardings, shapes) -> Any:

@@ -144,9 +144,8 @@ def _resume(setup: run_setup.RunSetup, manager, workdir: str):
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Run (or resume) training to `train.num_steps`; returns the last train and eval metrics."""
   workdir = fs.absolute(workdir)
-  if jax.process_index() == 0:  # export and eval read the run's config from here
+  if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first hours of training
-    fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   setup = run_setup.from_config(config)
   t = config.train
   logging.info('mesh %s over %d devices, %d processes', dict(setup.mesh.shape),
@@ -155,6 +154,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                                        keep_period=t.keep_every or None,
                                        async_save=t.async_checkpoint)
   state, train_iter = _resume(setup, manager, workdir)
+  if jax.process_index() == 0:  # export and eval read the run's config from here; written
+    # after the resume, so a config the checkpoint refuses leaves the run's own in place
+    fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   if state is None:
     state = _initial_state(setup)
   loop = _Loop(setup, workdir, manager, train_iter)

@@ -195,6 +195,10 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
                        workdir)
   assert not first['complete'] and first['runs'][0]['epochs_done'] == 1
   assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
+  with pytest.raises(ValueError, match=r'seed_0/checkpoints/12 holds another state layout .*'
+                                       r'params.encoder.layer_0.*saved .* vs expected absent'
+                                       r'.* Resume with the model.scan_layers'):  # unrolled
+    finetune.run(generic_config(files, start_dir, **{'model.scan_layers': True}), workdir)
   second = finetune.run(generic_config(files, start_dir), workdir)
   assert second['complete']
   strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}

@@ -242,6 +242,21 @@ def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, tmp_path):
     _state_of(config)
 
 
+def test_resuming_with_another_layer_layout_is_a_clear_error_that_keeps_the_config(data, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config_with(overrides(data, steps=2, **{'model.scan_layers': True})),
+                           workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    written = f.read()
+  with pytest.raises(ValueError, match=r'checkpoints/2 holds another state layout than this '
+                                       r"run's config .*params.encoder.layer_0.* "
+                                       r'Resume with .*model.scan_layers'):
+    train.train_and_evaluate(config_with(overrides(data, steps=4, **{
+        'model.scan_layers': False})), workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert f.read() == written  # the run's own config, not the refused one
+
+
 @pytest.mark.parametrize('name,phases', [('bert_tiny', ['phase1', 'phase2']),
                                          ('bert_mini', ['phase1', 'phase2']),
                                          ('bert_base', ['phase1', 'phase2']),
