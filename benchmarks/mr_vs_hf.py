@@ -2,8 +2,12 @@ r"""MR fine-tuning of the real MiniLM-L6 encoder: bert_jax against HuggingFace o
 
   .venv/bin/python benchmarks/mr_vs_hf.py [--seeds=0,1,2] [--epochs=2] [--max_seq_length=64]
 
-Same weights, same data, same hyper-parameters, interleaved in one process (ours seed 0, HF
-seed 0, ours seed 1, HF seed 1, ...), so a change in the shared machine's load hits both.
+Same weights, same data, same hyper-parameters, interleaved (ours seed 0, HF seed 0, ours seed
+1, HF seed 1, ...), so a change in the shared machine's load hits both. Each side and seed runs
+in a fresh process of this script, as users run `python -m bert_jax.finetune` and HF's
+run_glue.py: in one shared process (`--one_process`, the method before 2026-11-23) ours' first
+seed ran after HF's tokenizer and torch had worked in the same heap, and measured 41.7
+examples/s against 47.9 for the same seed alone (one epoch, idle, benchmarks/RESULTS.md).
 Prints, per seed and as medians (min-max): test accuracy at the best dev epoch, training
 examples/s, the accuracy difference (ours - HF) and the speed ratio (ours / HF); then
 MiniLM's MR test accuracy next to the published SST-2 figures of small BERTs.
@@ -77,8 +81,10 @@ labels only. Comparable in kind, not in value.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -322,6 +328,12 @@ def main() -> None:
   parser.add_argument('--smoke_sentences', type=int, default=0,
                       help='>0: only the first N rated sentences of the file (a quick check '
                       'that the script runs end to end; not a benchmark)')
+  parser.add_argument('--one_process', action='store_true',
+                      help='run both sides in this process (as before 2026-11-23) instead of '
+                      'one fresh process per side and seed')
+  parser.add_argument('--side', choices=('ours', 'hf'), default=None,
+                      help='internal: run one side for --seeds and write --result')
+  parser.add_argument('--result', default=None, help='internal: where --side writes its JSON')
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(',') if s.strip()]
 
@@ -331,8 +343,9 @@ def main() -> None:
   absl_logging.set_verbosity(absl_logging.WARNING)
   from input_pipeline import mr
   import jax
-  print(f'jax {jax.__version__} on {jax.devices()}, torch {torch.__version__} with '
-        f'{torch.get_num_threads()} threads, {os.cpu_count()} CPUs', flush=True)
+  if args.side is None:
+    print(f'jax {jax.__version__} on {jax.devices()}, torch {torch.__version__} with '
+          f'{torch.get_num_threads()} threads, {os.cpu_count()} CPUs', flush=True)
 
   model_dir = minilm_dir()
   data_file = mr_file(args.mr_cache)
@@ -340,19 +353,42 @@ def main() -> None:
     data_file = smoke_file(data_file, args.smoke_sentences)
   splits = mr.mr_splits(mr.read_mr(data_file), seed=0)
   _NUM_TRAIN['n'] = len(splits['train'])
+  workroot = args.workroot or tempfile.mkdtemp(prefix='mr_vs_hf_')
+  fs.makedirs(workroot)  # a --workroot that does not exist yet (gs:// needs none)
+  if args.side is not None:  # a child: one side, nothing of the other side loaded before it
+    results = [run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length, workroot)
+               if args.side == 'ours' else
+               run_hf(model_dir, hf_data(model_dir, splits, args.max_seq_length), seed,
+                      args.epochs) for seed in seeds]
+    fs.write_text(args.result, json.dumps(results))
+    return
   hf = hf_data(model_dir, splits, args.max_seq_length)
   differ, total = token_agreement(model_dir, data_file, splits, hf, args.max_seq_length)
   print(f'tokenizers: {differ} of {total} rows differ between ours and HF\'s', flush=True)
-  workroot = args.workroot or tempfile.mkdtemp(prefix='mr_vs_hf_')
-  fs.makedirs(workroot)  # a --workroot that does not exist yet (gs:// needs none)
   ours, theirs = [], []
   for seed in seeds:
-    ours.append(run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length,
-                         workroot))
-    print(f'ours seed {seed}: {ours[-1]}', flush=True)
-    theirs.append(run_hf(model_dir, hf, seed, args.epochs))
-    print(f'HF   seed {seed}: {theirs[-1]}', flush=True)
+    for side, results in (('ours', ours), ('HF  ', theirs)):
+      if args.one_process:
+        result = (run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length,
+                           workroot) if side == 'ours' else run_hf(model_dir, hf, seed,
+                                                                   args.epochs))
+      else:
+        result = run_child(args, side.strip().lower(), seed, workroot)
+      results.append(result)
+      print(f'{side} seed {seed}: {result}', flush=True)
   report(ours, theirs)
+
+
+def run_child(args, side: str, seed: int, workroot: str) -> dict:
+  """One side's seed in a fresh process of this script: each side runs as its users run it
+  (its own process, heap and thread pools), not after the other side's imports and work."""
+  result = os.path.join(tempfile.mkdtemp(prefix=f'{side}_seed{seed}_'), 'result.json')
+  cmd = [sys.executable, os.path.abspath(__file__), f'--side={side}', f'--seeds={seed}',
+         f'--epochs={args.epochs}', f'--max_seq_length={args.max_seq_length}',
+         f'--mr_cache={args.mr_cache}', f'--workroot={workroot}', f'--result={result}',
+         f'--smoke_sentences={args.smoke_sentences}']
+  subprocess.run(cmd, check=True)
+  return json.loads(fs.read_text(result))[0]
 
 
 if __name__ == '__main__':
