@@ -356,10 +356,12 @@ def main() -> None:
   workroot = args.workroot or tempfile.mkdtemp(prefix='mr_vs_hf_')
   fs.makedirs(workroot)  # a --workroot that does not exist yet (gs:// needs none)
   if args.side is not None:  # a child: one side, nothing of the other side loaded before it
-    results = [run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length, workroot)
-               if args.side == 'ours' else
-               run_hf(model_dir, hf_data(model_dir, splits, args.max_seq_length), seed,
-                      args.epochs) for seed in seeds]
+    if args.side == 'ours':
+      results = [run_ours(model_dir, data_file, seed, args.epochs, args.max_seq_length,
+                          workroot) for seed in seeds]
+    else:
+      hf = hf_data(model_dir, splits, args.max_seq_length)  # once for all --seeds
+      results = [run_hf(model_dir, hf, seed, args.epochs) for seed in seeds]
     fs.write_text(args.result, json.dumps(results))
     return
   hf = hf_data(model_dir, splits, args.max_seq_length)

@@ -107,19 +107,25 @@ def check_same_layout(manager: ocp.CheckpointManager, step: int, abstract_state,
                       what_to_do: str) -> None:
   """ValueError naming a few differing leaves when checkpoint `step` does not hold the
   leaves (names and shapes) of `abstract_state`."""
-  saved_meta = manager.item_metadata(step)['state']
-  saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_meta).items()}
-  want = {k: tuple(v.shape) for k, v in _leaves_by_name(abstract_state).items()}
+  differ = _leaf_differences(manager.item_metadata(step)['state'], abstract_state)
+  if differ:
+    raise ValueError(f'{manager.directory}/{step} holds another state layout than this run\'s '
+                     f'config ({differ}). {what_to_do}')
+
+
+def _leaf_differences(saved_tree, wanted_tree, shown: int = 3) -> str:
+  """'' when both trees have the same leaf names and shapes, else 'N leaves differ, e.g. ...'
+  (parameters first: they say it best)."""
+  saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_tree).items()}
+  want = {k: tuple(v.shape) for k, v in _leaves_by_name(wanted_tree).items()}
   if saved == want:
-    return
+    return ''
   diff = sorted((k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)),
-                key=lambda k: (not k.startswith('params.'), k))  # parameters say it best
+                key=lambda k: (not k.startswith('params.'), k))
   shape = lambda v: 'absent' if v is None else v
-  shown = ', '.join(f'{k}: saved {shape(saved.get(k))} vs expected {shape(want.get(k))}'
-                    for k in diff[:3])
-  raise ValueError(
-      f'{manager.directory}/{step} holds another state layout than this run\'s config '
-      f'({len(diff)} leaves differ, e.g. {shown}). {what_to_do}')
+  examples = ', '.join(f'{k}: saved {shape(saved.get(k))} vs expected {shape(want.get(k))}'
+                       for k in diff[:shown])
+  return f'{len(diff)} leaves differ, e.g. {examples}'
 
 
 def abstract_like(shardings, shapes) -> Any:
@@ -194,14 +200,11 @@ def _leaves_by_name(tree) -> dict[str, Any]:
 
 
 def _check_same_leaves(workdir: str, step: int, saved_meta, fresh_opt_state) -> None:
-  saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_meta).items()}
-  want = {k: tuple(v.shape) for k, v in _leaves_by_name(fresh_opt_state).items()}
-  if saved == want:
+  differ = _leaf_differences(saved_meta, fresh_opt_state, shown=4)
+  if not differ:
     return
-  diff = sorted(k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k))
-  shown = ', '.join(f'{k}: saved {saved.get(k)} vs expected {want.get(k)}' for k in diff[:4])
   raise ValueError(
       f'train.init_opt_state_from=True: the optimizer state of {workdir} step {step} does not '
-      f'match this run\'s ({len(diff)} leaves differ, e.g. {shown}). Phase 1 must use the same '
+      f'match this run\'s ({differ}). Phase 1 must use the same '
       'optimizer.name, optimizer.weight_decay/clip_norm, model.size and model.scan_layers; '
       'otherwise set train.init_opt_state_from=False to start with fresh moments.')

@@ -299,14 +299,14 @@ class SeedRun:
     """The latest checkpoint (state and scores so far), else the start point plus a head."""
     latest = manager.latest_step()
     if latest is not None:
+      abstract_state = self.program.abstract_state()
       checkpointing.check_same_layout(
-          manager, latest, self.program.abstract_state(),
+          manager, latest, abstract_state,
           'Resume with the model.scan_layers (and task) the run was started with (its '
           'config.json: older fine-tuning runs were scanned, --config.model.scan_layers=True), '
           'or fine-tune into a new workdir.')
       restored = manager.restore(latest, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(self.program.abstract_state()),
-          progress=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(abstract_state), progress=ocp.args.JsonRestore()))
       saved = restored['progress']
       self._check_geometry(saved['geometry'])
       self.history, self.epoch_loss = saved['history'], list(saved['epoch_loss'])
