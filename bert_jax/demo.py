@@ -293,6 +293,8 @@ def _acc(a: dict) -> str:
 
 def main(argv):
   del argv
+  from bert_jax import run_control  # pylint: disable=g-import-not-at-top
+  run_control.tolerate_closed_output()  # `demo.sh | head` or a closed terminal: keep going
   logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
   start = time.time()
   workdir = fs.absolute(FLAGS.workdir)

@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
-# Run bert_jax.main on every worker of a Cloud TPU VM slice.
+# Run bert_jax.main on every worker of a Cloud TPU VM slice, as a run that does not need this
+# script, its terminal or its ssh connection to keep going.
 #
 #   launch/tpu_pod.sh --tpu NAME --accelerator v4-64 --zone us-central2-b [--project P] \
-#       [--spot] [--queued] [--version tpu-ubuntu2204-base] [--keep] [--dry-run] \
+#       [--spot] [--queued] [--version RUNTIME] [--keep] [--dry-run] \
 #       -- --config=configs/bert_base.py:phase1 --workdir=gs://BUCKET/base_p1 \
 #          --config.data.train_files='gs://BUCKET/wiki128/train-*' --config.data.vocab_file=gs://BUCKET/vocab.txt
+#   launch/tpu_pod.sh --tpu NAME --zone us-central2-b [--project P] [--queued] \
+#       --status | --logs | --stop
 #
-# Creates the slice (or reuses it if it exists; --queued goes through a queued resource and
-# waits until it is ACTIVE), copies this checkout to every worker, runs launch/setup_worker.sh
-# there (a Python >= 3.11 venv with requirements.txt and jax[tpu], on images that ship 3.10),
-# starts the same command on all workers through launch/run_worker.sh (--worker=all; JAX's
-# distributed runtime finds its peers by itself on TPU; each worker's log lands in
-# WORKDIR/logs/), streams the logs, then deletes the slice unless --keep. --dry-run prints
-# every gcloud command instead of running it.
+# 1. The slice, read from Cloud TPU's states: a READY TPU VM NAME is reused; a PREEMPTED,
+#    TERMINATED, SUSPENDED or FAILED one, and with --queued a FAILED or SUSPENDED queued
+#    resource NAME-qr (what a preempted spot slice leaves), is deleted and re-created; a slice
+#    on its way up is waited for. Waits (queued resource until ACTIVE, VM until READY) stop
+#    with an error on FAILED or SUSPENDED. The runtime version follows the accelerator (v2, v3,
+#    v4: tpu-ubuntu2204-base; v5litepod/v5e: v2-alpha-tpuv5-lite; v5p: v2-alpha-tpuv5; v6e:
+#    v2-alpha-tpuv6e); --version overrides it.
+# 2. Copies this checkout (git HEAD) to every worker and runs launch/setup_worker.sh there.
+# 3. Starts launch/run_worker.sh --detach on every worker (--worker=all; JAX's distributed
+#    runtime finds its peers by itself on TPU): the run lives in its own session there, logging
+#    to ~/bert_jax_run/log and WORKDIR/logs/<hostname>.log.
+# 4. Follows the workers' logs until every run has ended, reports their exit statuses, and
+#    then deletes the slice unless --keep. Ctrl-C or a dropped connection stops the following,
+#    never the run, and the slice stays.
+# --status: the slice's state and each worker's run. --logs: follow the logs again. --stop:
+# SIGTERM to every worker's bert_jax.main (all save the same step and exit 0), then follow
+# them to their end. Neither deletes the slice. A preempted or stopped run resumes by running
+# the first command again (checkpoints and data positions live in the gs:// workdir).
+# --dry-run prints the gcloud commands of a start on a fresh slice. Env: POLL_SECONDS (30),
+# how often a wait asks for the state.
 # Phase 2: run again with --config=configs/bert_base.py:phase2, a new --workdir and
-# --config.train.init_from=gs://BUCKET/base_p1. A preempted run resumes by running the same
-# command again (checkpoints and data positions live in the gs:// workdir).
+# --config.train.init_from=gs://BUCKET/base_p1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tpu="" accelerator="" zone="" project="" version="tpu-ubuntu2204-base" spot=0 queued=0
-keep=0 dry=0
+tpu="" accelerator="" zone="" project="" version="" spot=0 queued=0 keep=0 dry=0 action=start
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,62 +47,273 @@ while [ $# -gt 0 ]; do
     --queued) queued=1; shift ;;
     --keep) keep=1; shift ;;
     --dry-run) dry=1; shift ;;
+    --status|--logs|--stop) action=${1#--}; shift ;;
     --) shift; break ;;
     *) echo "$0: unknown option $1" >&2; usage ;;
   esac
 done
-[ -n "$tpu" ] && [ -n "$accelerator" ] && [ -n "$zone" ] || { echo "$0: --tpu, --accelerator and --zone are required" >&2; usage; }
-[ $# -gt 0 ] || { echo "$0: give the bert_jax.main flags after --" >&2; usage; }
-printf '%s\n' "$@" | grep -q '^--workdir=gs://' || echo "warning: --workdir is not on gs://; workers will not share checkpoints" >&2
+if [ $action = start ]; then
+  [ -n "$tpu" ] && [ -n "$accelerator" ] && [ -n "$zone" ] || { echo "$0: --tpu, --accelerator and --zone are required" >&2; usage; }
+  [ $# -gt 0 ] || { echo "$0: give the bert_jax.main flags after --" >&2; usage; }
+  printf '%s\n' "$@" | grep -q '^--workdir=gs://' || echo "warning: --workdir is not on gs://; workers will not share checkpoints" >&2
+else
+  [ -n "$tpu" ] && [ -n "$zone" ] || { echo "$0: --$action needs --tpu and --zone" >&2; usage; }
+fi
 
+family_version() {  # the runtime (VM image) each TPU generation boots
+  case "$1" in
+    v2-*|v3-*|v4-*) echo tpu-ubuntu2204-base ;;
+    v5litepod-*|v5e-*) echo v2-alpha-tpuv5-lite ;;
+    v5p-*) echo v2-alpha-tpuv5 ;;
+    v6e-*) echo v2-alpha-tpuv6e ;;
+    *) return 1 ;;
+  esac
+}
+if [ $action = start ] && [ -z "$version" ]; then
+  version=$(family_version "$accelerator") || {
+    echo "$0: no default runtime version for accelerator $accelerator; pass --version" \
+      "(gcloud compute tpus tpu-vm versions list --zone=$zone lists them)" >&2; exit 2; }
+fi
+
+qr="$tpu-qr"
 common=(--zone="$zone")
 [ -n "$project" ] && common+=(--project="$project")
-main_flags=$(printf '%q ' "$@")
+where="--tpu $tpu --zone $zone${project:+ --project $project}"
+poll=${POLL_SECONDS:-30}
+finished_re='run_worker\.sh: [^ ]+: finished, exit status [0-9]+'
+ended_re="$finished_re|run_worker\\.sh: [^ ]+: ended without an exit status"
+errors=$(mktemp)  # a describe's stderr, kept to tell NOT_FOUND from other failures
+tmp=("$errors")
+trap 'rm -f "${tmp[@]}"' EXIT
 
 run() {  # run or (with --dry-run) print a command
   if [ $dry = 1 ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
 }
+die() { echo "$0: $*" >&2; exit 1; }
 
-# 1. The slice.
-if [ $dry = 0 ] && gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" >/dev/null 2>&1; then
-  echo "reusing TPU VM $tpu"
-elif [ $queued = 1 ]; then
-  extra=(); [ $spot = 1 ] && extra+=(--spot)
-  run gcloud compute tpus queued-resources create "$tpu-qr" --node-id="$tpu" \
-    --accelerator-type="$accelerator" --runtime-version="$version" "${common[@]}" "${extra[@]}"
-  if [ $dry = 0 ]; then
-    until gcloud compute tpus queued-resources describe "$tpu-qr" "${common[@]}" \
-        --format='value(state.state)' | grep -q ACTIVE; do sleep 30; done
+state_of() {  # state_of node|qr: the state Cloud TPU reports, ABSENT when there is none
+  local out
+  if [ "$1" = node ]; then
+    out=$(gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" --format='value(state)' \
+      2>"$errors")
   else
-    echo "+ (wait until queued resource $tpu-qr is ACTIVE)"
-  fi
-else
-  extra=(); [ $spot = 1 ] && extra+=(--spot)
-  run gcloud compute tpus tpu-vm create "$tpu" --accelerator-type="$accelerator" \
-    --version="$version" "${common[@]}" "${extra[@]}"
-fi
+    out=$(gcloud compute tpus queued-resources describe "$qr" "${common[@]}" \
+      --format='value(state.state)' 2>"$errors")
+  fi && { echo "${out:-UNKNOWN}"; return; }
+  grep -q NOT_FOUND "$errors" && { echo ABSENT; return; }
+  cat "$errors" >&2
+  return 1
+}
 
-# 2. Code and requirements on every worker.
-archive=$(mktemp -t bert_jax.XXXXXX.tgz)
-trap 'rm -f "$archive"' EXIT
+wait_for() {  # wait_for node|qr GOAL: poll until the state is GOAL; stop on a dead end
+  local kind=$1 goal=$2 state last="" name describe
+  if [ "$kind" = node ]; then
+    name="TPU VM $tpu" describe="tpu-vm describe $tpu"
+  else
+    name="queued resource $qr" describe="queued-resources describe $qr"
+  fi
+  while true; do
+    state=$(state_of "$kind") || state=QUERY_FAILED  # a failed query is retried
+    [ "$state" = "$goal" ] && return
+    case "$goal:$state" in
+      ABSENT:*) ;;  # a deleted slice may pass through any state on its way out
+      *:FAILED|*:SUSPENDED|*:SUSPENDING|*:PREEMPTED|*:TERMINATED)
+        die "$name is $state, not $goal; \`gcloud compute tpus $describe --zone=$zone\` says" \
+          "why. Run this command again to delete and re-create it." ;;
+      *:ABSENT) die "$name disappeared while waiting for $goal" ;;
+    esac
+    [ "$state" = "$last" ] || echo "$name: $state (waiting for $goal)"
+    last=$state
+    sleep "$poll"
+  done
+}
+
+dead() {  # will not come back by itself
+  case "$1" in PREEMPTED|TERMINATED|SUSPENDED|SUSPENDING|FAILED) return 0 ;; esac
+  return 1
+}
+coming() {  # on its way up by itself
+  case "$1" in
+    CREATING|STARTING|RESTARTING|REIMAGING|REPAIRING) return 0 ;;  # a VM
+    ACCEPTED|PROVISIONING|WAITING_FOR_RESOURCES) return 0 ;;  # a queued resource
+  esac
+  return 1
+}
+cannot() { die "$1 is $2; this script reuses READY and replaces PREEMPTED, TERMINATED," \
+  "SUSPENDED or FAILED slices. Start or delete it with gcloud, then run this again."; }
+
+# 1. The slice. Sets reused (a READY one was there) and use_qr (it belongs to queued resource $qr).
+create_slice() {
+  local extra=(); [ $spot = 1 ] && extra+=(--spot)
+  if [ $queued = 1 ]; then
+    run gcloud compute tpus queued-resources create "$qr" --node-id="$tpu" \
+      --accelerator-type="$accelerator" --runtime-version="$version" "${common[@]}" "${extra[@]}"
+    use_qr=1
+  else
+    run gcloud compute tpus tpu-vm create "$tpu" --accelerator-type="$accelerator" \
+      --version="$version" "${common[@]}" "${extra[@]}"
+  fi
+}
+
+acquire_slice() {
+  reused=0 use_qr=0
+  if [ $dry = 1 ]; then
+    create_slice
+    [ $queued = 1 ] && echo "+ (wait until queued resource $qr is ACTIVE)"
+    echo "+ (wait until TPU VM $tpu is READY)"
+    return
+  fi
+  local node qstate=ABSENT
+  node=$(state_of node) || exit 1
+  if [ $queued = 1 ]; then
+    qstate=$(state_of qr) || exit 1
+    echo "TPU VM $tpu: $node; queued resource $qr: $qstate"
+  else
+    echo "TPU VM $tpu: $node"
+  fi
+  if [ "$node" = READY ] && { [ "$qstate" = ACTIVE ] || [ "$qstate" = ABSENT ]; }; then
+    echo "reusing TPU VM $tpu"
+    reused=1
+    [ "$qstate" = ACTIVE ] && use_qr=1
+    return 0
+  fi
+  if [ "$qstate" != ABSENT ]; then
+    # An ACTIVE queued resource whose VM is gone or dead is as spent as a SUSPENDED one; and a
+    # leftover one would make `queued-resources create` fail with ALREADY_EXISTS.
+    if dead "$qstate" ||
+        { [ "$qstate" = ACTIVE ] && { dead "$node" || [ "$node" = ABSENT ]; }; }; then
+      run gcloud compute tpus queued-resources delete "$qr" "${common[@]}" --force --quiet
+      wait_for qr ABSENT
+    elif [ "$qstate" = DELETING ]; then
+      wait_for qr ABSENT
+    elif coming "$qstate" || { [ "$qstate" = ACTIVE ] && coming "$node"; }; then
+      use_qr=1  # an earlier request on its way: wait for it
+    else
+      cannot "queued resource $qr" "$qstate"
+    fi
+    [ $use_qr = 1 ] || { node=$(state_of node) || exit 1; }
+  fi
+  if [ $use_qr = 0 ]; then
+    if dead "$node"; then
+      run gcloud compute tpus tpu-vm delete "$tpu" "${common[@]}" --quiet
+      wait_for node ABSENT
+      node=ABSENT
+    elif [ "$node" = DELETING ]; then
+      wait_for node ABSENT
+      node=ABSENT
+    elif [ "$node" != ABSENT ] && ! coming "$node"; then
+      cannot "TPU VM $tpu" "$node"
+    fi
+    [ "$node" = ABSENT ] && create_slice
+  fi
+  [ $use_qr = 1 ] && wait_for qr ACTIVE
+  wait_for node READY
+}
+
+# 4. Following. Ctrl-C or a dropped connection ends only this; counting the workers' end lines
+# tells a run that ended everywhere from following that stopped early.
+stopped_following() {
+  echo >&2
+  echo "$0: stopped following; the run goes on on $tpu. $0 $where --status | --logs | --stop;" \
+    "the slice is kept until you delete it ($(delete_slice_command))." >&2
+  exit 130
+}
+
+follow() {  # follow COMMAND: run COMMAND on every worker, echo it, then report; 0 if all ended
+  local out workers finished ended status node saved
+  out=$(mktemp); tmp+=("$out")
+  trap stopped_following INT
+  gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="$1" |
+    tee "$out" || true
+  trap - INT
+  workers=$(gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" \
+    --format='value(networkEndpoints[].ipAddress)' 2>/dev/null | tr ';' '\n' | grep -c . || true)
+  finished=$(grep -Ec "$finished_re" "$out" || true)
+  ended=$(grep -Ec "$ended_re" "$out" || true)
+  if [ "$workers" -gt 0 ] && [ "$finished" -ge "$workers" ]; then
+    status=$(grep -Eo "$finished_re" "$out" | sed 's/.* //' | sort -n | tail -1)
+    echo "$0: the run ended on all $workers workers; highest exit status $status"
+    all_finished=1
+    saved=$(grep -Eo 'preemption notice: saved step [0-9]+' "$out" | tail -1 | sed 's/.* //' ||
+      true)
+    [ -z "$saved" ] || echo "$0: it stopped early (a preemption notice or --stop) and saved step" \
+      "$saved; run the first command again to go on from there"
+    return "$status"
+  fi
+  node=$(state_of node 2>/dev/null || echo UNKNOWN)
+  if [ "$ended" -gt 0 ] && [ "$ended" -ge "$workers" ]; then
+    echo "$0: every worker's run ended, $((ended - finished)) without an exit status; the" \
+      "slice is kept" >&2
+  else
+    echo "$0: following stopped before every worker's run ended ($ended of $workers reported);" \
+      "the run was not stopped." >&2
+  fi
+  if dead "$node" || [ "$node" = ABSENT ]; then
+    echo "$0: TPU VM $tpu is $node: run the first command again; it re-creates the slice and" \
+      "resumes from the last checkpoint in the workdir." >&2
+  else
+    echo "$0: TPU VM $tpu is $node; see $0 $where --status | --logs | --stop" >&2
+  fi
+  return 1
+}
+
+worker_cmd() { echo "cd bert_jax && bash launch/run_worker.sh $*"; }
+delete_slice_command() {  # a slice that came through a queued resource goes with it
+  if [ "${use_qr:-$queued}" = 1 ]; then
+    echo gcloud compute tpus queued-resources delete "$qr" "${common[@]}" --force --quiet
+  else
+    echo gcloud compute tpus tpu-vm delete "$tpu" "${common[@]}" --quiet
+  fi
+}
+delete_slice() { read -ra cmd <<< "$(delete_slice_command)"; run "${cmd[@]}"; }
+all_finished=0
+
+case $action in
+  status)
+    node=$(state_of node) || exit 1
+    echo "TPU VM $tpu: $node"
+    if [ $queued = 1 ]; then
+      qstate=$(state_of qr) || exit 1
+      echo "queued resource $qr: $qstate"
+    fi
+    [ "$node" = READY ] || exit 0
+    exec gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" \
+      --command="$(worker_cmd --status)" ;;
+  logs)
+    follow "$(worker_cmd --follow 50)"; exit ;;
+  stop)
+    follow "$(worker_cmd --stop --follow)"; exit ;;
+esac
+
+acquire_slice
+
+# 2. Code and requirements on every worker; never under a run that is still going there.
+if [ $reused = 1 ]; then
+  going=$(gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command='
+    p=$(cat bert_jax_run/job.pid 2>/dev/null) && [ ! -e bert_jax_run/exit_status ] &&
+      grep -aqs run_worker.sh "/proc/$p/cmdline" && echo "$(hostname): a run is still going"; true')
+  [ -z "$going" ] || die "$going"$'\n'"Follow it with $0 $where --logs, or stop it with --stop," \
+    "then run this again."
+fi
+archive=$(mktemp -t bert_jax.XXXXXX.tgz); tmp+=("$archive")
 run git archive --format=tar.gz -o "$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$tpu:bert_jax.tgz" --worker=all "${common[@]}"
 run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
 rm -rf bert_jax && mkdir bert_jax && tar xzf bert_jax.tgz -C bert_jax && cd bert_jax && \
 bash launch/setup_worker.sh"
 
-# 3. Train on all workers; logs stream back (worker 0 prints the progress bar and metrics) and
-# every worker's log is kept in WORKDIR/logs/<hostname>.log.
-status=0
-run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
-cd bert_jax && bash launch/run_worker.sh --tpu $main_flags" || status=$?
+# 3. Start, detached: from here on the run needs neither this script nor the connection.
+run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" \
+  --command="$(worker_cmd --detach --tpu "$(printf '%q ' "$@")")"
 
-# 4. Clean up.
-if [ $keep = 0 ]; then
-  if [ $queued = 1 ]; then
-    run gcloud compute tpus queued-resources delete "$tpu-qr" "${common[@]}" --force --quiet
-  else
-    run gcloud compute tpus tpu-vm delete "$tpu" "${common[@]}" --quiet
-  fi
+# 4. Follow, report, clean up.
+if [ $dry = 1 ]; then
+  run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" \
+    --command="$(worker_cmd --follow)"
+  if [ $keep = 0 ]; then echo "+ (once every worker's run has ended:)"; delete_slice; fi
+  exit 0
 fi
+status=0
+follow "$(worker_cmd --follow)" || status=$?
+if [ $keep = 0 ] && [ $all_finished = 1 ]; then delete_slice; fi
 exit $status

@@ -1,11 +1,18 @@
-"""launch/tpu_pod.sh --dry-run prints the whole pod lifecycle; bad arguments fail clearly."""
+"""The pod launcher: --dry-run prints the whole lifecycle; Cloud TPU's states (played by
+tests/fake_gcloud.py) lead to the right gcloud commands; a run started detached outlives its
+launcher; a closed stdout never stops training; bad arguments fail clearly."""
 
+import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +32,7 @@ def test_dry_run_prints_create_copy_install_train_and_delete():
   assert lines[0].startswith('+ gcloud compute tpus tpu-vm create bert --accelerator-type=v4-64')
   assert '--spot' in lines[0] and '--project=p' in lines[0]
   assert any(' scp ' in l and '--worker=all' in l for l in lines)
-  train = [shlex.split(l[2:]) for l in lines if 'run_worker.sh' in l]
+  train = [shlex.split(l[2:]) for l in lines if '--detach' in l]
   assert len(train) == 1 and '--worker=all' in train[0]
   remote = [a for a in train[0] if a.startswith('--command=')][0][len('--command='):]
   # The remote shell receives the flags intact, the glob unexpanded.
@@ -112,10 +119,393 @@ def test_setup_worker_without_any_311_says_what_to_do(tmp_path):
 
 def test_run_worker_keeps_each_workers_log_in_the_workdir(tmp_path):
   workdir = tmp_path / 'run'
-  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu')
+  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu',
+             RUN_DIR=str(tmp_path / 'bert_jax_run'))
   out = subprocess.run(['bash', 'launch/run_worker.sh', '--config=configs/bert_tiny.py',
                         f'--workdir={workdir}', f'--config.data.train_files={tmp_path}/no-*'],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 1  # bert_jax.main's own status comes back
   log = (workdir / 'logs' / f'{socket.gethostname()}.log').read_text()
   assert 'no such file' in log and 'create_pretraining_data' in log
+  assert 'no such file' in out.stdout  # a foreground run prints its log as it goes
+  assert (tmp_path / 'bert_jax_run' / 'exit_status').read_text().strip() == '1'
+
+
+# --- The runtime version follows the accelerator family.
+
+@pytest.mark.parametrize('accelerator,version', [
+    ('v3-8', 'tpu-ubuntu2204-base'), ('v4-64', 'tpu-ubuntu2204-base'),
+    ('v5litepod-16', 'v2-alpha-tpuv5-lite'), ('v5p-128', 'v2-alpha-tpuv5'),
+    ('v6e-256', 'v2-alpha-tpuv6e')])
+def test_runtime_version_follows_the_accelerator_family(accelerator, version):
+  for queued, flag in ((), '--version'), (('--queued',), '--runtime-version'):
+    out = tpu_pod('--dry-run', *queued, '--tpu', 't', '--accelerator', accelerator, '--zone', 'z',
+                  '--', '--workdir=gs://b/w')
+    assert out.returncode == 0, out.stderr
+    create = [l for l in out.stdout.splitlines() if ' create ' in l]
+    assert len(create) == 1 and f'{flag}={version} ' in create[0] + ' ', create
+
+
+def test_runtime_version_can_be_overridden_and_an_unknown_family_says_so():
+  out = tpu_pod('--dry-run', '--tpu', 't', '--accelerator', 'v5p-8', '--zone', 'z',
+                '--version', 'v2-alpha-tpuv5-custom', '--', '--workdir=gs://b/w')
+  assert '--version=v2-alpha-tpuv5-custom ' in out.stdout
+  out = tpu_pod('--dry-run', '--tpu', 't', '--accelerator', 'v9x-8', '--zone', 'z', '--',
+                '--workdir=gs://b/w')
+  assert out.returncode == 2
+  assert 'no default runtime version for accelerator v9x-8; pass --version' in out.stderr
+
+
+# --- Cloud TPU's states, played by tests/fake_gcloud.py; the tests read the commands it got.
+
+FINISHED = 'run_worker.sh: t1v-w-{worker}: finished, exit status 0'
+REPLIES = [['setup_worker.sh', 'ready, 3.11'],
+           ['--detach', 'run_worker.sh: t1v-w-{worker}: started bert_jax.main (pid 4242)'],
+           ['--follow', FINISHED]]
+
+
+class FakeCloud:
+  """A directory with a `gcloud` on PATH that plays `state` (see tests/fake_gcloud.py)."""
+
+  def __init__(self, tmp_path, **state):
+    self.dir = tmp_path / 'gcloud'
+    (self.dir / 'bin').mkdir(parents=True)
+    gcloud = self.dir / 'bin' / 'gcloud'
+    gcloud.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
+                      f'{shlex.quote(os.path.join(ROOT, "tests", "fake_gcloud.py"))} "$@"\n')
+    gcloud.chmod(0o755)
+    state = {'node': [], 'qr': [], 'workers': 2, 'ssh': REPLIES, **state}
+    (self.dir / 'state.json').write_text(json.dumps(state))
+    (self.dir / 'calls.jsonl').write_text('')
+
+  def env(self, **extra):
+    return dict(os.environ, FAKE_GCLOUD=str(self.dir), POLL_SECONDS='0',
+                PATH=f'{self.dir / "bin"}:{os.environ["PATH"]}', **extra)
+
+  def run(self, *args, **extra_env):
+    return subprocess.run(['bash', 'launch/tpu_pod.sh', *args], cwd=ROOT, env=self.env(**extra_env),
+                          capture_output=True, text=True, timeout=120)
+
+  def calls(self):
+    return [json.loads(l) for l in (self.dir / 'calls.jsonl').read_text().splitlines()]
+
+  def steps(self):
+    """Each call as `group verb [what]`: describe says which field, ssh which worker command."""
+    out = []
+    for argv in self.calls():
+      words = [a for a in argv[2:] if not a.startswith('--')]
+      step = ' '.join(words[:2])
+      command = next((a[10:] for a in argv if a.startswith('--command=')), '')
+      fmt = next((a[9:] for a in argv if a.startswith('--format=')), '')
+      if fmt:
+        step += ' ' + fmt
+      if command:
+        step += ' ' + ('setup' if 'setup_worker.sh' in command else
+                       'check' if 'bert_jax_run/job.pid' in command else
+                       command.split('run_worker.sh ')[1].split(' --tpu')[0])
+      out.append(step)
+    return out
+
+
+START = ('--tpu', 'bert', '--accelerator', 'v4-16', '--zone', 'us-central2-b', '--',
+         '--config=configs/bert_base.py:phase1', '--workdir=gs://b/p1')
+NODE, QR = 'tpu-vm describe value(state)', 'queued-resources describe value(state.state)'
+RUN = ['tpu-vm scp', 'tpu-vm ssh setup', 'tpu-vm ssh --detach', 'tpu-vm ssh --follow',
+       'tpu-vm describe value(networkEndpoints[].ipAddress)']
+
+
+def test_a_ready_vm_is_reused(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['READY'])
+  out = cloud.run(*START)
+  assert out.returncode == 0, out.stderr
+  assert 'reusing TPU VM bert' in out.stdout
+  assert cloud.steps() == [NODE, 'tpu-vm ssh check', *RUN, 'tpu-vm delete']
+  start = cloud.calls()[4]
+  assert start[:6] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'bert', '--worker=all']
+  assert start[-1] == ('--command=cd bert_jax && bash launch/run_worker.sh --detach --tpu '
+                       '--config=configs/bert_base.py:phase1 --workdir=gs://b/p1 ')
+  assert 'the run ended on all 2 workers; highest exit status 0' in out.stdout
+
+
+@pytest.mark.parametrize('dead', ['PREEMPTED', 'TERMINATED', 'SUSPENDED', 'FAILED'])
+def test_a_dead_vm_is_deleted_and_created_again(tmp_path, dead):
+  cloud = FakeCloud(tmp_path, node=[dead], node_on_create=['CREATING', 'READY'])
+  out = cloud.run(*START)
+  assert out.returncode == 0, out.stderr
+  assert cloud.steps() == [NODE, 'tpu-vm delete', NODE, 'tpu-vm create', NODE, NODE, *RUN,
+                           'tpu-vm delete']
+  assert cloud.calls()[1] == ['compute', 'tpus', 'tpu-vm', 'delete', 'bert',
+                              '--zone=us-central2-b', '--quiet']
+  assert cloud.calls()[0][-1] == '--format=value(state)'
+  assert 'TPU VM bert: CREATING (waiting for READY)' in out.stdout
+
+
+def test_a_preempted_spot_slice_with_its_suspended_queued_resource_is_replaced(tmp_path):
+  # What Cloud TPU leaves after preempting a spot slice: the VM PREEMPTED, its queued resource
+  # SUSPENDED. Creating the queued resource again without deleting it fails with ALREADY_EXISTS.
+  cloud = FakeCloud(tmp_path, node=['PREEMPTED'], qr=['SUSPENDED'])
+  out = cloud.run('--queued', '--spot', *START)
+  assert out.returncode == 0, out.stderr
+  assert cloud.steps() == [NODE, QR, 'queued-resources delete', QR, NODE,
+                           'queued-resources create', QR, QR, NODE, *RUN, 'queued-resources delete']
+  calls = cloud.calls()
+  assert calls[2] == ['compute', 'tpus', 'queued-resources', 'delete', 'bert-qr',
+                      '--zone=us-central2-b', '--force', '--quiet']
+  assert calls[5] == ['compute', 'tpus', 'queued-resources', 'create', 'bert-qr', '--node-id=bert',
+                      '--accelerator-type=v4-16', '--runtime-version=tpu-ubuntu2204-base',
+                      '--zone=us-central2-b', '--spot']
+  assert 'queued resource bert-qr: WAITING_FOR_RESOURCES (waiting for ACTIVE)' in out.stdout
+
+
+def test_a_leftover_failed_queued_resource_does_not_block_create(tmp_path):
+  cloud = FakeCloud(tmp_path, qr=['FAILED'])
+  out = cloud.run('--queued', *START)
+  assert out.returncode == 0, out.stderr
+  assert cloud.steps()[:6] == [NODE, QR, 'queued-resources delete', QR, NODE,
+                               'queued-resources create']
+  assert 'ALREADY_EXISTS' not in out.stderr
+
+
+def test_a_queued_resource_still_waiting_is_waited_for_not_created_twice(tmp_path):
+  cloud = FakeCloud(tmp_path, qr=['WAITING_FOR_RESOURCES', 'PROVISIONING', 'ACTIVE'])
+  out = cloud.run('--queued', *START)
+  assert out.returncode == 0, out.stderr
+  assert cloud.steps() == [NODE, QR, QR, QR, NODE, *RUN, 'queued-resources delete']
+
+
+@pytest.mark.parametrize('end', ['FAILED', 'SUSPENDED'])
+def test_a_queued_resource_that_fails_while_waited_for_ends_the_wait(tmp_path, end):
+  cloud = FakeCloud(tmp_path, qr_on_create=['ACCEPTED', 'WAITING_FOR_RESOURCES', end])
+  out = cloud.run('--queued', *START)
+  assert out.returncode == 1
+  assert (f'queued resource bert-qr is {end}, not ACTIVE; `gcloud compute tpus queued-resources '
+          'describe bert-qr --zone=us-central2-b` says why. Run this command again to delete '
+          'and re-create it.') in out.stderr
+  assert cloud.steps() == [NODE, QR, 'queued-resources create', QR, QR, QR]
+
+
+@pytest.mark.parametrize('end', ['PREEMPTED', 'FAILED'])
+def test_a_vm_that_fails_while_waited_for_ends_the_wait(tmp_path, end):
+  cloud = FakeCloud(tmp_path, node_on_create=['CREATING', end])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert f'TPU VM bert is {end}, not READY' in out.stderr
+  assert cloud.steps() == [NODE, 'tpu-vm create', NODE, NODE]
+
+
+def test_a_state_the_script_does_not_handle_is_a_clear_error(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['STOPPED'])
+  out = cloud.run(*START)
+  assert out.returncode == 1 and 'TPU VM bert is STOPPED' in out.stderr
+  assert cloud.steps() == [NODE]
+
+
+def test_a_run_still_going_on_a_reused_vm_is_not_overwritten(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['READY'],
+                    ssh=[['bert_jax_run/job.pid', 't1v-w-{worker}: a run is still going']])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert 't1v-w-0: a run is still going' in out.stderr and '--logs' in out.stderr
+  assert cloud.steps() == [NODE, 'tpu-vm ssh check']
+
+
+def test_following_that_ends_early_keeps_the_slice_and_the_run(tmp_path):
+  # One of two workers reported its end, then the connection dropped; the VM is still READY.
+  cloud = FakeCloud(tmp_path, workers=2,
+                    ssh=REPLIES[:2] + [['--follow', [FINISHED.format(worker=0), '']]])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert "following stopped before every worker's run ended" in out.stderr
+  assert 'the run was not stopped' in out.stderr and '--status' in out.stderr
+  assert 'delete' not in ' '.join(cloud.steps())
+
+
+def test_a_preempted_slice_seen_after_following_says_run_again(tmp_path):
+  # Preempted while followed: the run saved, but its workers went down before they could
+  # report their end.
+  cloud = FakeCloud(tmp_path, ssh=REPLIES[:2] + [
+      ['--follow', ['preemption notice: saved step 300', ''], {'node': ['PREEMPTED']}]])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert 'TPU VM bert is PREEMPTED: run the first command again' in out.stderr
+  assert cloud.steps()[-2:] == ['tpu-vm describe value(networkEndpoints[].ipAddress)', NODE]
+
+
+def test_a_failed_worker_is_reported_and_the_finished_slice_deleted(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['READY'], workers=1,
+                    ssh=REPLIES[:2] + [['--follow', FINISHED.format(worker=0)[:-1] + '1']])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert 'highest exit status 1' in out.stdout
+  assert cloud.steps()[-1] == 'tpu-vm delete'
+
+
+def test_status_logs_and_stop_reach_every_worker(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['READY'], ssh=[
+      ['--status', 'run_worker.sh: t1v-w-{worker}: running since today (pid 4242); last line: x'],
+      ['--stop', 'run_worker.sh: t1v-w-{worker}: sent SIGTERM\n' + FINISHED]] + REPLIES)
+  where = ('--tpu', 'bert', '--zone', 'z', '--project', 'p')
+  out = cloud.run(*where, '--status')
+  assert out.returncode == 0, out.stderr
+  assert 'TPU VM bert: READY' in out.stdout and 't1v-w-1: running since' in out.stdout
+  out = cloud.run(*where, '--logs')
+  assert out.returncode == 0, out.stderr
+  out = cloud.run(*where, '--stop')
+  assert out.returncode == 0, out.stderr
+  assert 'the run ended on all 2 workers' in out.stdout
+  ssh = [c for c in cloud.calls() if c[3] == 'ssh']
+  assert [c[-1] for c in ssh] == [
+      '--command=cd bert_jax && bash launch/run_worker.sh --status',
+      '--command=cd bert_jax && bash launch/run_worker.sh --follow 50',
+      '--command=cd bert_jax && bash launch/run_worker.sh --stop --follow']
+  assert all(c[4:8] == ['bert', '--worker=all', '--zone=z', '--project=p'] for c in ssh)
+  assert 'delete' not in ' '.join(cloud.steps())  # only the launch deletes, once all ended
+
+
+# --- Real runs: a run that needs no reader, and no launcher.
+
+def training_flags(data, workdir, steps, eval_every=100_000):
+  values = {
+      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'data.eval_files': str(data / 'eval'), 'data.vocab_file': str(data / 'vocab.txt'),
+      'train.eval_every': eval_every, 'train.eval_steps': 2,
+      'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10, 'data.shuffle_buffer': 200,
+      'train.num_steps': steps, 'train.global_batch_size': 16, 'train.log_every': 1,
+      'train.checkpoint_every': 100_000, 'optimizer.warmup_steps': 5,
+  }
+  return (['--config=configs/bert_tiny.py', f'--workdir={workdir}'] +
+          [f'--config.{k}={v}' for k, v in values.items()])
+
+
+def logged_step(workdir):
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max((json.loads(l)['step'] for l in f if '"train/loss"' in l), default=0)
+
+
+def saved_steps(workdir):
+  path = os.path.join(workdir, 'checkpoints')
+  return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
+
+
+def wait_until(condition, what, proc=None, timeout=300):
+  deadline = time.time() + timeout
+  while not condition():
+    if proc is not None and proc.poll() is not None:
+      raise AssertionError(f'{what}: the process ended first (status {proc.returncode})')
+    if time.time() > deadline:
+      raise AssertionError(f'{what}: not within {timeout}s')
+    time.sleep(0.2)
+
+
+def test_a_closed_stdout_reader_does_not_stop_training(data, tmp_path):
+  # As when the terminal or ssh connection a run prints to goes away: Python ignores SIGPIPE,
+  # so every later log line, eval line (step 10, 20, 30) and the final result meets a broken
+  # pipe. Unguarded, the first eval line ended the run with exit 1 and no checkpoint.
+  workdir = str(tmp_path / 'run')
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  proc = subprocess.Popen([sys.executable, '-m', 'bert_jax.main',
+                           *training_flags(data, workdir, 40, eval_every=10)],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  proc.stdout.readline()
+  assert logged_step(workdir) < 40
+  proc.stdout.close()  # the reader goes away before training has ended
+  assert proc.wait(timeout=300) == 0
+  assert logged_step(workdir) == 40 and saved_steps(workdir) == [40]
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    assert sum('"eval/mlm_accuracy"' in l for l in f) == 4
+
+
+def test_a_stream_whose_reader_is_gone_points_at_dev_null_and_goes_on():
+  from bert_jax.run_control import ClosedReaderTolerant
+  read_end, write_end = os.pipe()
+  stream = ClosedReaderTolerant(open(write_end, 'w'))
+  stream.write('read\n')
+  stream.flush()
+  assert os.read(read_end, 100) == b'read\n'
+  os.close(read_end)
+  for _ in range(3):
+    stream.write('x' * 100_000)  # more than a pipe holds: raises unless handled
+    stream.flush()
+  assert os.readlink(f'/proc/self/fd/{write_end}') == os.devnull
+  assert not stream.isatty()  # everything else is the wrapped stream's
+  stream.close()
+
+
+def one_process_cluster_env():
+  """An environment in which `jax.distributed.initialize()`, which --tpu calls, finds a
+  one-process job on localhost (JAX's Slurm detection, its coordinator port derived from
+  the job id) instead of a TPU slice: the same code path as on a pod, on this machine."""
+  while True:
+    port = 61440 + int.from_bytes(os.urandom(2), 'little') % 4096
+    with socket.socket() as s:
+      try:
+        s.bind(('localhost', port))
+        break
+      except OSError:
+        continue
+  return dict(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='1',
+              SLURM_PROCID='0', SLURM_LOCALID='0', XLA_FLAGS='', JAX_PLATFORMS='cpu',
+              PYTHON=sys.executable)
+
+
+def kill_detached_run(run_dir):
+  """A failed test must not leave its 100,000-step run training: kill its process group."""
+  try:
+    pid = int((run_dir / 'job.pid').read_text())
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      if b'run_worker.sh' in f.read():
+        os.killpg(pid, signal.SIGKILL)
+  except (OSError, ValueError):
+    pass  # no run, or it has ended
+
+
+def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_path):
+  # One worker, whose ssh commands run here in its own home (tests/fake_gcloud.py), holding
+  # this checkout as ~/bert_jax; setup_worker.sh is answered, not run (it builds a venv).
+  home = tmp_path / 'worker'
+  home.mkdir()
+  os.symlink(ROOT, home / 'bert_jax')
+  cloud = FakeCloud(tmp_path, node=['READY'], workers=1, homes=[str(home)],
+                    ssh=[['setup_worker.sh', 'ready, 3.11']])
+  workdir = str(tmp_path / 'run')
+  env = one_process_cluster_env()
+  where = ('--tpu', 'bert', '--zone', 'z')
+  try:
+    with open(tmp_path / 'launcher.out', 'w') as out, open(tmp_path / 'launcher.err', 'w') as err:
+      launcher = subprocess.Popen(
+          ['bash', 'launch/tpu_pod.sh', *where, '--accelerator', 'v4-8', '--',
+           *training_flags(data, workdir, 100_000)], cwd=ROOT, env=cloud.env(**env), stdout=out,
+          stderr=err, start_new_session=True)
+      try:
+        wait_until(lambda: logged_step(workdir) >= 2, 'training started', launcher)
+      finally:
+        os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in the launcher's terminal
+      assert launcher.wait(timeout=60) == 130
+    assert 'stopped following; the run goes on on bert' in (tmp_path / 'launcher.err').read_text()
+    assert 'train' in (tmp_path / 'launcher.out').read_text()  # it showed the log while following
+    assert not [s for s in cloud.steps() if 'delete' in s]
+
+    interrupted_at = logged_step(workdir)
+    wait_until(lambda: logged_step(workdir) >= interrupted_at + 5, 'training went on', timeout=120)
+    status = cloud.run(*where, '--status', **env)
+    assert status.returncode == 0, status.stderr
+    assert 'TPU VM bert: READY' in status.stdout and ': running since ' in status.stdout
+
+    stop = cloud.run(*where, '--stop', **env)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    saved = saved_steps(workdir)
+    assert saved and saved[-1] >= interrupted_at + 5  # the agreed step, saved
+    assert f'preemption notice: saved step {saved[-1]}' in stop.stdout
+    assert 'finished, exit status 0' in stop.stdout
+    assert 'the run ended on all 1 workers; highest exit status 0' in stop.stdout
+    assert (home / 'bert_jax_run' / 'exit_status').read_text().strip() == '0'
+    log = (tmp_path / 'run' / 'logs' / f'{socket.gethostname()}.log').read_text()
+    assert f'saved step {saved[-1]}' in log
+    # Nothing of the run is left behind.
+    pid = (home / 'bert_jax_run' / 'job.pid').read_text().strip()
+    assert not os.path.exists(f'/proc/{pid}')
+  finally:
+    kill_detached_run(home / 'bert_jax_run')
