@@ -107,15 +107,17 @@ def check_same_layout(manager: ocp.CheckpointManager, step: int, abstract_state,
                       what_to_do: str) -> None:
   """ValueError naming a few differing leaves when checkpoint `step` does not hold the
   leaves (names and shapes) of `abstract_state`."""
-  differ = _leaf_differences(manager.item_metadata(step)['state'], abstract_state)
+  differ = leaf_differences(manager.item_metadata(step)['state'], abstract_state)
   if differ:
     raise ValueError(f'{manager.directory}/{step} holds another state layout than this run\'s '
                      f'config ({differ}). {what_to_do}')
 
 
-def _leaf_differences(saved_tree, wanted_tree, shown: int = 3) -> str:
+def leaf_differences(saved_tree, wanted_tree, shown: int = 3,
+                     labels: tuple[str, str] = ('saved', 'expected')) -> str:
   """'' when both trees have the same leaf names and shapes, else 'N leaves differ, e.g. ...'
-  (parameters first: they say it best)."""
+  naming each leaf and both shapes (parameters first: they say it best). Shared by resume,
+  `init_opt_state_from` and `start_points.check_compatible` (train.init_from)."""
   saved = {k: tuple(v.shape) for k, v in _leaves_by_name(saved_tree).items()}
   want = {k: tuple(v.shape) for k, v in _leaves_by_name(wanted_tree).items()}
   if saved == want:
@@ -123,8 +125,8 @@ def _leaf_differences(saved_tree, wanted_tree, shown: int = 3) -> str:
   diff = sorted((k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)),
                 key=lambda k: (not k.startswith('params.'), k))
   shape = lambda v: 'absent' if v is None else v
-  examples = ', '.join(f'{k}: saved {shape(saved.get(k))} vs expected {shape(want.get(k))}'
-                       for k in diff[:shown])
+  examples = ', '.join(f'{k}: {labels[0]} {shape(saved.get(k))} vs {labels[1]} '
+                       f'{shape(want.get(k))}' for k in diff[:shown])
   return f'{len(diff)} leaves differ, e.g. {examples}'
 
 
@@ -167,7 +169,7 @@ def restore_opt_moments(workdir: str, tx, fresh_opt_state, step: int | None = No
   Raises ValueError when the saved optimizer state has other leaves or shapes than
   `fresh_opt_state` (another optimizer, model size or `model.scan_layers`)."""
   directory = checkpoint_dir(workdir)
-  if not os.path.isdir(directory):
+  if not fs.isdir(directory):  # a URL too (gs:// workdirs)
     raise FileNotFoundError(f'{workdir}: no checkpoints/ directory; is it a training workdir?')
   with ocp.CheckpointManager(directory, item_handlers={
       'state': ocp.PyTreeCheckpointHandler(), 'data': DataIteratorHandler()}) as manager:
@@ -200,7 +202,7 @@ def _leaves_by_name(tree) -> dict[str, Any]:
 
 
 def _check_same_leaves(workdir: str, step: int, saved_meta, fresh_opt_state) -> None:
-  differ = _leaf_differences(saved_meta, fresh_opt_state, shown=4)
+  differ = leaf_differences(saved_meta, fresh_opt_state, shown=4)
   if not differ:
     return
   raise ValueError(

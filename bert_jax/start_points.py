@@ -17,13 +17,18 @@ are initialised fresh with a warning. `init_head_params` puts a task head on top
 Casing is a property of the start point, not a flag to remember: an uncased vocabulary fed
 cased text maps most capitalised words to other ids and loses accuracy without any error.
 It is read from the start point (HF `tokenizer_config.json`, the workdir's config, Google's
-model name or the vocabulary itself) and a conflicting `do_lower_case` is a ValueError.
+model name, a SentencePiece model's normaliser, or the vocabulary itself) and a conflicting
+`do_lower_case` is a ValueError.
+
+`train.init_from` (continued pre-training) takes every kind through the same checks
+(`pretraining_params`): params relaid out to the run's `model.scan_layers`, shapes compared
+leaf by leaf with the run's model, and vocabulary and casing compared with the run's data.
+Files are looked up through `input_pipeline.fs`, so a workdir and its vocabulary may be URLs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -35,8 +40,9 @@ import jax
 import numpy as np
 
 from bert_jax import checkpointing, heads, hf, hf_heads
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, init_params
 from input_pipeline import fs
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 
 WORKDIR, HF_DIR, TF_CHECKPOINT = 'workdir', 'hf', 'tf'
 RANDOM = 'random'  # `random:<start point>`: its config and tokenizer, fresh weights
@@ -51,7 +57,7 @@ class StartPoint:
   cfg: BertConfig
   params: dict
   tokenizer: Any  # input_pipeline.tokenizer.Tokenizer, or None (require_tokenizer=False)
-  do_lower_case: bool | None  # None: SentencePiece, whose casing is inside the model
+  do_lower_case: bool | None  # SentencePiece too (the model's own); None: no tokenizer
   step: int | None = None  # the workdir step that was restored
   head: heads.Head | None = None  # the task head the start point carries, if any
   head_params: dict | None = None  # that head's params ({'classifier': ...})
@@ -62,20 +68,20 @@ class StartPoint:
 
 def _tf_checkpoint_prefix(path: str) -> str | None:
   """The checkpoint prefix at `path` (a prefix itself, or a directory holding one)."""
-  if os.path.exists(path + '.index'):
+  if fs.exists(path + '.index'):
     return path
-  if not os.path.isdir(path):
+  if not fs.isdir(path):
     return None
-  preferred = os.path.join(path, 'bert_model.ckpt')
-  if os.path.exists(preferred + '.index'):
+  preferred = fs.join(path, 'bert_model.ckpt')
+  if fs.exists(preferred + '.index'):
     return preferred
-  state = os.path.join(path, 'checkpoint')
-  if os.path.exists(state):  # a fine-tuning run's model_dir: the latest model.ckpt-N
+  state = fs.join(path, 'checkpoint')
+  if fs.exists(state):  # a fine-tuning run's model_dir: the latest model.ckpt-N
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     latest = tf.train.latest_checkpoint(path)
     if latest:
       return latest
-  found = sorted(p[:-len('.index')] for p in glob.glob(os.path.join(path, '*.index')))
+  found = sorted(p[:-len('.index')] for p in fs.glob(fs.join(path, '*.index')))
   if len(found) > 1:
     raise hf.CheckpointError(f'{path}: several TF checkpoints {found}; pass one prefix '
                              '(e.g. DIR/model.ckpt-1000)')
@@ -84,14 +90,13 @@ def _tf_checkpoint_prefix(path: str) -> str | None:
 
 def _sentence_transformers_dir(path: str) -> str | None:
   """The Transformer module's directory of a sentence-transformers model, if `path` is one."""
-  modules = os.path.join(path, 'modules.json')
-  if not os.path.exists(modules):
+  modules = fs.join(path, 'modules.json')
+  if not fs.exists(modules):
     return None
-  with open(modules) as f:
-    entries = json.load(f)
+  entries = json.loads(fs.read_text(modules))
   for entry in entries:
     if entry.get('type', '').endswith('models.Transformer'):
-      return os.path.join(path, entry.get('path', ''))
+      return fs.join(path, entry.get('path', ''))
   raise hf.CheckpointError(f'{modules}: no sentence_transformers.models.Transformer module')
 
 
@@ -99,10 +104,10 @@ def detect_kind(path: str) -> str:
   """workdir | hf | tf, from the files at `path`; an error that lists what each needs."""
   if '://' in path:  # remote workdirs (gs://): only the trainer's own checkpoints live there
     return WORKDIR
-  if os.path.isdir(os.path.join(path, 'checkpoints')):
+  if fs.isdir(fs.join(path, 'checkpoints')):
     return WORKDIR
-  st = _sentence_transformers_dir(path) if os.path.isdir(path) else None
-  if os.path.exists(os.path.join(st or path, 'config.json')):
+  st = _sentence_transformers_dir(path) if fs.isdir(path) else None
+  if fs.exists(fs.join(st or path, 'config.json')):
     return HF_DIR
   if _tf_checkpoint_prefix(path):
     return TF_CHECKPOINT
@@ -126,23 +131,16 @@ _GOOGLE_LOWER = {'uncased': True, 'multilingual': True, 'chinese': True,
 def vocab_is_uncased(vocab_file: str) -> bool:
   """An uncased WordPiece vocabulary has no token with an uppercase letter (lower-cased text
   could never produce one); [CLS]-style specials are skipped."""
-  with open(vocab_file, encoding='utf-8') as f:
-    for line in f:
-      token = line.rstrip('\n')
-      if token.startswith('[') and token.endswith(']'):
-        continue
-      if token != token.lower():
-        return False
+  for token in fs.read_text(vocab_file).split('\n'):
+    if token.startswith('[') and token.endswith(']'):
+      continue
+    if token != token.lower():
+      return False
   return True
 
 
-def _resolve_casing(found: bool | None, evidence: str, given: bool | None, path: str):
+def _resolve_casing(found: bool, evidence: str, given: bool | None, path: str) -> bool:
   """The start point's casing, or a ValueError when the caller asked for the other one."""
-  if found is None:
-    if given is not None:
-      logging.warning('%s: SentencePiece tokenizer; its casing is part of the model, '
-                      'do_lower_case=%s is ignored', path, given)
-    return None
   if given is not None and given != found:
     have, want = ('uncased', 'a cased') if found else ('cased', 'an uncased')
     raise ValueError(
@@ -154,13 +152,15 @@ def _resolve_casing(found: bool | None, evidence: str, given: bool | None, path:
 
 
 def _wordpiece(vocab_file: str, lower: bool):
-  from input_pipeline.tokenizer import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
   return WordPieceTokenizer(vocab_file, lower)
 
 
-def _sentencepiece(model_file: str):
-  from input_pipeline.tokenizer import SentencePieceTokenizer  # pylint: disable=g-import-not-at-top
-  return SentencePieceTokenizer(model_file)
+def _sentencepiece(model_file: str, given: bool | None, path: str):
+  """(tokenizer, casing): a SentencePiece model's casing is its own (`spm_is_uncased`: its
+  normaliser folds case, or no piece has an upper-case letter), never a guess or a flag."""
+  tok = SentencePieceTokenizer(model_file)
+  evidence = f'{fs.basename(model_file)}\'s normaliser and pieces'
+  return tok, _resolve_casing(tok.do_lower_case, evidence, given, path)
 
 
 def _no_tokenizer(path: str, required: bool, looked_for: str):
@@ -173,24 +173,22 @@ def _no_tokenizer(path: str, required: bool, looked_for: str):
 def _hf_tokenizer(path: str, given: bool | None, required: bool):
   """WordPiece vocab.txt (casing from tokenizer_config.json, else the vocabulary) or our
   exported SentencePiece `spiece.model`."""
-  vocab, spm = os.path.join(path, 'vocab.txt'), os.path.join(path, 'spiece.model')
-  if os.path.exists(vocab):
+  vocab, spm = fs.join(path, 'vocab.txt'), fs.join(path, 'spiece.model')
+  if fs.exists(vocab):
     found, evidence = _hf_casing(path, vocab)
     lower = _resolve_casing(found, evidence, given, path)
     return _wordpiece(vocab, lower), lower
-  if os.path.exists(spm):
-    _resolve_casing(None, '', given, path)
-    return _sentencepiece(spm), None
+  if fs.exists(spm):
+    return _sentencepiece(spm, given, path)
   return _no_tokenizer(path, required, 'vocab.txt or spiece.model')
 
 
 def _hf_casing(path: str, vocab: str) -> tuple[bool, str]:
   # sentence_bert_config.json's do_lower_case is sentence-transformers' own pre-lowering
   # switch (False in all-MiniLM-L6-v2, whose tokenizer lowercases): not the tokenizer's.
-  config = os.path.join(path, 'tokenizer_config.json')
-  if os.path.exists(config):
-    with open(config) as f:
-      value = json.load(f).get('do_lower_case')
+  config = fs.join(path, 'tokenizer_config.json')
+  if fs.exists(config):
+    value = json.loads(fs.read_text(config)).get('do_lower_case')
     if value is not None:
       return bool(value), 'tokenizer_config.json do_lower_case'
   lower = vocab_is_uncased(vocab)
@@ -223,25 +221,30 @@ def _load_workdir(path, step, given_lower, rng, required, overrides) -> StartPoi
   stored = model_config(config)
   cfg = stored.replace(**overrides) if overrides else stored
   params = _relayout(params, stored.scan_layers, cfg.num_layers, cfg.scan_layers)
-  d = config.data
-  if d.spm_model:
-    _check_file(d.spm_model, 'data.spm_model', path)
-    _resolve_casing(None, '', given_lower, path)
-    return StartPoint(WORKDIR, path, cfg, params, _sentencepiece(d.spm_model), None, step)
-  if d.vocab_file:
-    _check_file(d.vocab_file, 'data.vocab_file', path)
-    lower = _resolve_casing(bool(d.do_lower_case), 'config.json data.do_lower_case',
-                            given_lower, path)
-    return StartPoint(WORKDIR, path, cfg, params, _wordpiece(d.vocab_file, lower), lower, step)
-  tok, lower = _no_tokenizer(path, required, 'config.json sets neither data.vocab_file nor '
-                             'data.spm_model')
+  tok, lower = _workdir_tokenizer(config.data, path, given_lower, required)
   return StartPoint(WORKDIR, path, cfg, params, tok, lower, step)
 
 
-def _check_file(file: str, field: str, workdir: str) -> None:
-  if not os.path.exists(file):
-    raise FileNotFoundError(f'{workdir}/config.json: {field}={file!r} does not exist here; '
-                            'run from the directory training ran in, or copy the file there')
+def _workdir_tokenizer(d, path: str, given: bool | None, required: bool):
+  """(tokenizer, casing) config.json names (`data.spm_model` or `data.vocab_file`, a local
+  path or a URL). A file that is not there is an error when `required`; otherwise a warning
+  and no tokenizer (train.init_from then refuses to go on unchecked: `check_vocabulary`)."""
+  field = 'spm_model' if d.spm_model else 'vocab_file' if d.vocab_file else None
+  if field is None:
+    return _no_tokenizer(path, required, 'config.json sets neither data.vocab_file nor '
+                         'data.spm_model')
+  file = d[field]
+  if not fs.exists(file):
+    message = (f'{path}/config.json: data.{field}={file!r} does not exist here; run from the '
+               'directory training ran in, or copy the file there')
+    if required:
+      raise FileNotFoundError(message)
+    logging.warning('%s', message)
+    return None, None
+  if field == 'spm_model':
+    return _sentencepiece(file, given, path)
+  lower = _resolve_casing(bool(d.do_lower_case), 'config.json data.do_lower_case', given, path)
+  return _wordpiece(file, lower), lower
 
 
 # ----------------------------------------------------------------------------- HF
@@ -251,8 +254,7 @@ def _load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   if step is not None:
     raise ValueError(f'{path}: step={step} applies to training workdirs only')
   model_dir = _sentence_transformers_dir(path) or path
-  with open(os.path.join(model_dir, 'config.json')) as f:
-    hf_config = json.load(f)
+  hf_config = json.loads(fs.read_text(fs.join(model_dir, 'config.json')))
   cfg = hf.load_config(model_dir)
   if overrides:
     cfg = cfg.replace(**overrides)
@@ -260,7 +262,7 @@ def _load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   head_state = {k: state.pop(k) for k in list(state)
                 if k.startswith(('classifier.', 'qa_outputs.'))}
   params = hf.params_from_hf(state, cfg, rng=rng, source=model_dir)
-  head = hf_heads.head_from_hf_config(hf_config, os.path.join(model_dir, 'config.json'))
+  head = hf_heads.head_from_hf_config(hf_config, fs.join(model_dir, 'config.json'))
   head_params = (hf_heads.head_from_hf(head_state, head, cfg.hidden_size, model_dir)
                  if head else None)
   if head_state and head_params is None:
@@ -327,8 +329,7 @@ def tf_config(file: str) -> BertConfig:
   """bert_config.json -> BertConfig. Its "gelu" is modeling.py's tanh approximation, so it
   becomes gelu_tanh: the function the weights were trained with (HF maps it to exact erf)."""
   try:
-    with open(file) as f:
-      raw = json.load(f)
+    raw = json.loads(fs.read_text(file))
   except (OSError, ValueError) as e:
     raise hf.CheckpointError(f'{file}: unreadable ({e})') from None
   raw = {**raw, 'model_type': 'bert'}
@@ -384,9 +385,9 @@ def _load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   if step is not None:
     raise ValueError(f'{path}: step={step} applies to training workdirs only')
   prefix = _tf_checkpoint_prefix(path)
-  directory = os.path.dirname(prefix)
-  config_file = os.path.join(directory, 'bert_config.json')
-  if not os.path.exists(config_file):
+  directory = fs.dirname(prefix)
+  config_file = fs.join(directory, 'bert_config.json')
+  if not fs.exists(config_file):
     raise hf.CheckpointError(f'{directory}: no bert_config.json next to the TF checkpoint; '
                              'copy the one released with it')
   cfg = tf_config(config_file)
@@ -395,8 +396,8 @@ def _load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   state, task_heads = read_tf_checkpoint(prefix, cfg)
   params = hf.params_from_hf(state, cfg, rng=rng, source=prefix)
   head, head_params = _tf_head(task_heads, cfg.hidden_size, prefix)
-  vocab = os.path.join(directory, 'vocab.txt')
-  if os.path.exists(vocab):
+  vocab = fs.join(directory, 'vocab.txt')
+  if fs.exists(vocab):
     found, evidence = _google_casing(directory, vocab)
     lower = _resolve_casing(found, evidence, given_lower, directory)
     tok = _wordpiece(vocab, lower)
@@ -530,30 +531,100 @@ _SHAPE_FIELDS = {'vocab_size': 'model.vocab_size', 'hidden_size': 'model.size',
                  'type_vocab_size': 'model.size (type_vocab_size)'}
 
 
-def check_compatible(start_cfg: BertConfig, model_cfg: BertConfig, source: str) -> None:
-  """A start point whose shapes differ from the run's model is a ValueError naming the field;
-  a different activation is only a warning (training adapts, but it is not the same net)."""
-  for field, flag in _SHAPE_FIELDS.items():
-    have, want = getattr(start_cfg, field), getattr(model_cfg, field)
-    if have != want:
-      raise ValueError(f'train.init_from={source}: {field} is {have}, but the run\'s model has '
-                       f'{want}; set --config.{flag} to match the start point')
-  if start_cfg.hidden_act != model_cfg.hidden_act:
+def check_compatible(start: StartPoint, model_cfg: BertConfig, source: str) -> None:
+  """A start point whose params do not fit the run's model is a ValueError naming the leaves
+  with both shapes and, when a config field explains it, the field and the flag to set; a
+  different activation is only a warning (training adapts, but it is not the same net).
+
+  Leaves are compared with `model_cfg`'s own params (shapes only, nothing allocated) after
+  the relayout, so the same check covers every kind and layout: without it a workdir of
+  another size passed and died at the first step with Flax's ScopeParamShapeError."""
+  wanted = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
+  differ = checkpointing.leaf_differences(start.params, wanted, labels=('start point', 'run'))
+  fields = [f for f in _SHAPE_FIELDS if getattr(start.cfg, f) != getattr(model_cfg, f)]
+  if fields:
+    field = fields[0]
+    raise ValueError(
+        f'train.init_from={source}: {field} is {getattr(start.cfg, field)}, but the run\'s '
+        f'model has {getattr(model_cfg, field)} ({differ}); set --config.{_SHAPE_FIELDS[field]} '
+        'to match the start point')
+  if differ:
+    raise ValueError(f'train.init_from={source}: its parameters do not fit the run\'s model '
+                     f'({differ}); set --config.model.* as the start point was trained')
+  if start.cfg.hidden_act != model_cfg.hidden_act:
     logging.warning('train.init_from=%s was trained with hidden_act=%s, the run uses %s; set '
                     '--config.model.hidden_act=%s to keep the same function', source,
-                    start_cfg.hidden_act, model_cfg.hidden_act, start_cfg.hidden_act)
+                    start.cfg.hidden_act, model_cfg.hidden_act, start.cfg.hidden_act)
 
 
-def pretraining_params(init_from: str, model_cfg: BertConfig,
-                       rng: jax.Array | None = None) -> tuple[int, dict]:
+ALLOW_VOCAB_CHANGE = '--config.train.init_from_allow_vocab_change=True'
+
+
+def check_vocabulary(start: StartPoint, data, source: str, allow_change: bool = False) -> None:
+  """The run's data must use the start point's vocabulary (same content: a sha256 of the
+  token list or SentencePiece model, `Tokenizer.fingerprint`) and casing (`data.do_lower_case`
+  for WordPiece; a SentencePiece model's is its own). Otherwise the same ids mean other words
+  and continued pre-training silently unlearns; a ValueError names both sides and the fix,
+  or, with `allow_change` (ALLOW_VOCAB_CHANGE, a deliberate change), a warning.
+
+  A run that names no data.vocab_file / data.spm_model has nothing to compare: a warning."""
+  if not (data.vocab_file or data.spm_model):
+    logging.warning('train.init_from=%s: the run names no data.vocab_file or data.spm_model, '
+                    'so the start point\'s vocabulary and casing are not checked against the '
+                    'data; name the one the data was made with to have them checked', source)
+    return
+  field = 'data.spm_model' if data.spm_model else 'data.vocab_file'
+  run_tok = load_tokenizer(data.vocab_file or None, data.spm_model or None,
+                           bool(data.do_lower_case))
+  problems = []
+  if start.tokenizer is None:
+    problems.append(f'it has no vocabulary that can be read here to compare with {field}; '
+                    'copy the one it was trained with next to it (or where its config.json '
+                    'says)')
+  elif start.tokenizer.fingerprint != run_tok.fingerprint:
+    problems.append(f'its vocabulary {_tokenizer_file(start)} (sha256 '
+                    f'{start.tokenizer.fingerprint[:12]}) is not the run\'s {field}='
+                    f'{_tokenizer_file_name(run_tok)} (sha256 {run_tok.fingerprint[:12]}); '
+                    f'make the data with the start point\'s vocabulary and set {field} to it')
+  elif start.do_lower_case != run_tok.do_lower_case:
+    problems.append(f'it is {"un" if start.do_lower_case else ""}cased (do_lower_case='
+                    f'{start.do_lower_case}) but the run has data.do_lower_case='
+                    f'{bool(data.do_lower_case)}; set --config.data.do_lower_case='
+                    f'{start.do_lower_case} and make the data with that casing')
+  if not problems:
+    return
+  message = f'train.init_from={source}: {"; ".join(problems)}'
+  if allow_change:
+    logging.warning('%s. Going on: train.init_from_allow_vocab_change=True', message)
+    return
+  raise ValueError(f'{message}. Or pass {ALLOW_VOCAB_CHANGE} to change it deliberately.')
+
+
+def _tokenizer_file_name(tok) -> str:
+  return getattr(tok, 'vocab_file', None) or getattr(tok, 'model_file', '?')
+
+
+def _tokenizer_file(start: StartPoint) -> str:
+  """A workdir names its vocabulary in config.json; other kinds hold theirs (possibly in a
+  staged copy, so named by the start point's path and the file's name)."""
+  file = _tokenizer_file_name(start.tokenizer)
+  return file if start.kind == WORKDIR else f'{fs.basename(file)} of {start.path}'
+
+
+def pretraining_params(init_from: str, model_cfg: BertConfig, rng: jax.Array | None = None, *,
+                       data=None, allow_vocab_change: bool = False) -> tuple[int, dict]:
   """(step, BertForPreTraining params in `model_cfg`'s layout) for `train.init_from`.
 
-  A workdir restores exactly as before (`checkpointing.restore_params`); an HF directory or
-  TF checkpoint is converted, step 0, with missing pre-training heads initialised fresh.
+  Every kind goes through the same path: our workdir (its latest step), an HF directory or a
+  TF checkpoint (step 0, missing pre-training heads initialised fresh) is loaded in the run's
+  layer layout (`model.scan_layers`, either way), its params checked against the run's model
+  (`check_compatible`) and, given the run's `data` config, its vocabulary and casing against
+  the data's (`check_vocabulary`). All before the first step, which otherwise fails (another
+  size) or trains on ids that mean other words (another vocabulary).
   """
-  if _is_workdir(init_from):
-    return checkpointing.restore_params(init_from)
   start = load_start_point(init_from, rng=rng, require_tokenizer=False,
                            scan_layers=model_cfg.scan_layers)
-  check_compatible(start.cfg, model_cfg, init_from)
-  return 0, start.params
+  check_compatible(start, model_cfg, init_from)
+  if data is not None:
+    check_vocabulary(start, data, init_from, allow_vocab_change)
+  return start.step or 0, start.params

@@ -71,6 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.allow_process_count_change = False
   c.train.init_from = ''  # phase2: a phase1 workdir; params only, fresh optimizer (by default)
   c.train.init_opt_state_from = False  # with init_from: also its Adam moments, fresh step count
+  # with init_from: accept a start point whose vocabulary or casing differs from data.*
+  c.train.init_from_allow_vocab_change = False
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 

@@ -5,12 +5,15 @@ WordPiece runs on HuggingFace's `tokenizers` library configured exactly as
 limit), so ids equal HF's on any text and the exported `AutoTokenizer` tokenizes as we did.
 SentencePiece trains/loads a `.model` with the BERT special tokens at fixed ids 0-4.
 
-Both expose `is_word_start(ids)` for whole-word masking and `save_pretrained(dir)` writing the
-HF tokenizer files next to an exported model.
+Both expose `is_word_start(ids)` for whole-word masking, `save_pretrained(dir)` writing the
+HF tokenizer files next to an exported model, `do_lower_case` (for SentencePiece read from
+the model, `spm_is_uncased`) and `fingerprint`, a content hash that tells two vocabularies
+apart (continued pre-training refuses a start point whose ids mean other words).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -63,6 +66,11 @@ class Tokenizer:
   def is_word_start(self, ids: np.ndarray) -> np.ndarray:
     return self.word_start_table[np.asarray(ids)]
 
+  @property
+  def fingerprint(self) -> str:
+    """sha256 of what decides the ids: WordPiece's token list, SentencePiece's model."""
+    raise NotImplementedError
+
   def _starts_word(self, token: str) -> bool:
     raise NotImplementedError
 
@@ -110,6 +118,10 @@ class WordPieceTokenizer(Tokenizer):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+  @property
+  def fingerprint(self) -> str:
+    return hashlib.sha256('\n'.join(self.vocab).encode('utf-8')).hexdigest()
+
   def _starts_word(self, token: str) -> bool:
     return not token.startswith('##')
 
@@ -128,7 +140,8 @@ class WordPieceTokenizer(Tokenizer):
 
 
 class SentencePieceTokenizer(Tokenizer):
-  """A SentencePiece `.model` whose ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
+  """A SentencePiece `.model` whose ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]; its casing
+  (`do_lower_case`) is the model's own (`spm_is_uncased`)."""
 
   def __init__(self, model_file: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -142,6 +155,7 @@ class SentencePieceTokenizer(Tokenizer):
     if [self._ids[t] for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
       raise ValueError(f'{model_file}: special tokens are not at ids 0-4; train it with '
                        'SentencePieceTokenizer.train')
+    self.do_lower_case = spm_is_uncased(self._fast, self.vocab)
 
   @classmethod
   def train(cls, sentences: Iterable[str], vocab_size: int, output_prefix: str,
@@ -162,6 +176,19 @@ class SentencePieceTokenizer(Tokenizer):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._fast.encode_batch(list(texts), add_special_tokens=False)]
 
+  @property
+  def fingerprint(self) -> str:
+    """Over the pieces, scores, types, algorithm and normaliser only: the trainer's record of
+    its input files and output prefix is in the model too, but changes no id."""
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(self._model_proto)
+    h = hashlib.sha256(f'{proto.trainer_spec.model_type}'.encode())
+    for p in proto.pieces:
+      h.update(f'\n{p.piece}\t{p.score!r}\t{p.type}'.encode('utf-8'))
+    h.update(proto.normalizer_spec.SerializeToString(deterministic=True))
+    return h.hexdigest()
+
   def _starts_word(self, token: str) -> bool:
     return token.startswith('\u2581') or token in SPECIAL_TOKENS
 
@@ -177,6 +204,27 @@ class SentencePieceTokenizer(Tokenizer):
       with open(os.path.join(local, 'spiece.model'), 'wb') as f:
         f.write(self._model_proto)
       fast.save_pretrained(local)
+
+
+_CASE_PROBE = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ'  # what a case-folding normaliser lowercases
+
+
+def spm_is_uncased(fast, pieces: Sequence[str]) -> bool:
+  """Whether a SentencePiece model lowercases its input, read from the model, not guessed.
+
+  Uncased when its normaliser folds case (what `train(lowercase=True)`'s `nmt_nfkc_cf` rule,
+  or any custom rule with case folding, compiles into the model: probed by normalising
+  upper-case letters), or when no piece holds an upper-case letter (trained on lower-cased
+  text: cased input can only become [UNK], so the model reads lower case, as an uncased
+  WordPiece vocabulary does). Cased otherwise. Caseless scripts (Chinese) count as uncased,
+  as in Google's `chinese_*` models: lowercasing them changes nothing. SQuAD's answer
+  alignment lowercases the original text exactly when this is True.
+  """
+  folded = fast.normalizer.normalize_str(_CASE_PROBE) if fast.normalizer else _CASE_PROBE
+  if not any(c.isupper() for c in folded):
+    return True
+  return not any(c.isupper() for p in pieces
+                 if not (p.startswith(('[', '<')) and p.endswith((']', '>'))) for c in p)
 
 
 def _spm_to_fast(model_proto: bytes, model_file: str):

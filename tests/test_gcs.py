@@ -185,3 +185,40 @@ def test_two_processes_share_a_gs_workdir(gcs):
     for i in (0, 1):
       assert fs.exists(f'{workdir}/checkpoints/{step}/data/process_{i}/it.index'), (step, i)
   assert {'process_0.log', 'process_1.log'} <= set(fs.listdir(f'{workdir}/logs'))
+
+
+def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(gcs, data):
+  """The README's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir is
+  a fine-tuning start point (`load_start_point`) and a `train.init_from` one, whose vocabulary
+  is compared by content with the run's (here a local copy of the same file)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpointing, run_setup, start_points, train  # pylint: disable=g-import-not-at-top
+  from configs import bert_tiny, common  # pylint: disable=g-import-not-at-top
+  vocab, workdir = f'{BUCKET}/start/vocab.txt', f'{BUCKET}/start/run'
+  fs.write_text(vocab, (data / 'vocab.txt').read_text())
+
+  def config(**values):
+    return common.override(bert_tiny.get_config(), {
+        'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+        'data.vocab_file': vocab, 'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10,
+        'data.shuffle_buffer': 100, 'train.num_steps': 2, 'train.global_batch_size': 8,
+        'optimizer.warmup_steps': 1, **values})
+
+  train.train_and_evaluate(config(), workdir)
+  start = start_points.load_start_point(workdir)
+  step, saved = checkpointing.restore_params(workdir)
+  assert (start.kind, start.step, step, start.do_lower_case) == ('workdir', 2, 2, True)
+  assert start.tokenizer.vocab_file == vocab
+  assert start.tokenizer.vocab == (data / 'vocab.txt').read_text().rstrip('\n').split('\n')
+  jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, saved)
+
+  phase2 = config(**{'train.init_from': workdir, 'data.vocab_file': str(data / 'vocab.txt'),
+                     'model.scan_layers': True})  # and relaid out: phase 1 was unrolled
+  state = jax.device_get(train._initial_state(run_setup.from_config(phase2)))  # pylint: disable=protected-access
+  assert int(state.step) == 0
+  for i in range(2):
+    jax.tree_util.tree_map(lambda stacked, layer, i=i: np.testing.assert_array_equal(
+        stacked[i], layer), state.params['encoder']['layers'], saved['encoder'][f'layer_{i}'])
+  phase2.data.do_lower_case = False
+  with pytest.raises(ValueError, match=f'train.init_from={workdir}: it is uncased'):
+    train._initial_state(run_setup.from_config(phase2))  # pylint: disable=protected-access

@@ -21,7 +21,8 @@ from bert_jax import checkpointing, heads, hf, optim, sharding as shd, start_poi
 from bert_jax import train_step as ts
 from bert_jax.model import BertConfig, BertForPreTraining
 from configs import bert_tiny
-from input_pipeline.tokenizer import WordPieceTokenizer
+from input_pipeline import corpus
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
 WORDS = ['the', 'a', 'model', 'start', 'point', 'check', '##s', '##ed', '##ing', 'bert', 'fine',
@@ -382,10 +383,63 @@ def test_pretraining_params_for_init_from_tf_and_hf(google_dir, tmp_path, caplog
   assert step == 0 and 'layer_1' in params['encoder']
 
 
-def test_pretraining_params_from_a_workdir_is_restore_params(workdir):
+def test_pretraining_params_from_a_workdir_in_either_layout(workdir):
+  """The workdir's layers are unrolled (bert_tiny); a scanned run gets them stacked."""
   path, saved = workdir
-  step, params = start_points.pretraining_params(path, TINY)
+  step, params = start_points.pretraining_params(path, TINY.replace(scan_layers=False))
   assert step == 7
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, saved[7])
+  step, params = start_points.pretraining_params(path, TINY)  # scan_layers=True
+  assert step == 7 and set(params['encoder']) == {'layers'}
+  for i in range(TINY.num_layers):
+    jax.tree_util.tree_map(lambda stacked, layer, i=i: np.testing.assert_array_equal(
+        stacked[i], layer), params['encoder']['layers'], saved[7]['encoder'][f'layer_{i}'])
+  assert jax.tree_util.tree_map(np.shape, {k: v for k, v in params.items() if k != 'encoder'}) \
+      == jax.tree_util.tree_map(np.shape, {k: v for k, v in saved[7].items() if k != 'encoder'})
+
+
+def test_pretraining_params_from_a_workdir_of_another_size_names_the_leaf(workdir):
+  path, _ = workdir
+  mini = BertConfig.from_preset('mini', vocab_size=100)  # hidden 256, 4 layers
+  with pytest.raises(ValueError, match=r'hidden_size is 128, but the run\'s model has 256 \(\d+ '
+                                       r'leaves differ, e\.g\. .*: start point \(\d+, 128\) vs '
+                                       r'run \(\d+, 256\).*--config\.model\.size'):
+    start_points.pretraining_params(path, mini)
+  with pytest.raises(ValueError, match=r'vocab_size is 100, .*embeddings\.word_embeddings\.'
+                                       r'embedding: start point \(100, 128\) vs run \(200, 128\)'):
+    start_points.pretraining_params(path, TINY.replace(vocab_size=200))
+
+
+def data_config(vocab_file='', spm_model='', do_lower_case=True):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return ml_collections.ConfigDict(dict(vocab_file=vocab_file, spm_model=spm_model,
+                                        do_lower_case=do_lower_case))
+
+
+def test_pretraining_params_compares_vocabulary_and_casing_with_the_data(workdir, tmp_path,
+                                                                        caplog):
+  path, saved = workdir
+  with open(os.path.join(path, 'config.json')) as f:
+    vocab = json.load(f)['data']['vocab_file']
+  copy = str(tmp_path / 'same_vocab.txt')  # the same content elsewhere is the same vocabulary
+  with open(vocab) as f, open(copy, 'w') as g:
+    g.write(f.read())
+  step, _ = start_points.pretraining_params(path, TINY, data=data_config(copy))
+  assert step == 7
+  flag = re.escape(start_points.ALLOW_VOCAB_CHANGE)
+  with pytest.raises(ValueError, match=r'it is uncased \(do_lower_case=True\) but the run has '
+                                       r'data\.do_lower_case=False; set --config\.data\.'
+                                       rf'do_lower_case=True .*{flag}'):
+    start_points.pretraining_params(path, TINY, data=data_config(copy, do_lower_case=False))
+  other = write_vocab(tmp_path / 'cased_vocab.txt', cased=True)
+  with pytest.raises(ValueError, match=rf'its vocabulary {re.escape(vocab)} \(sha256 [0-9a-f]{{12}}'
+                                       rf'\) is not the run\'s data\.vocab_file='
+                                       rf'{re.escape(other)} \(sha256 .*{flag}'):
+    start_points.pretraining_params(path, TINY, data=data_config(other))
+  with caplog.at_level(logging.WARNING):
+    _, params = start_points.pretraining_params(path, TINY.replace(scan_layers=False),
+                                                data=data_config(other), allow_vocab_change=True)
+  assert 'init_from_allow_vocab_change=True' in caplog.text
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, saved[7])
 
 
@@ -448,3 +502,74 @@ def test_hf_dir_and_tf_checkpoint_from_gs_urls(tmp_path):
       start_points.load_start_point(f'{bucket}/models/junk')
     with pytest.raises(FileNotFoundError, match='no such start point'):
       start_points.load_start_point(f'{bucket}/models/missing')
+
+
+# ----------------------------------------------------------------------------- SentencePiece
+
+
+@pytest.fixture(scope='module')
+def spm_models(tmp_path_factory):
+  """Tiny SentencePiece models trained here: a cased corpus kept cased (nmt_nfkc), the same
+  corpus case-folded by the normaliser (nmt_nfkc_cf), and a lower-cased corpus (nmt_nfkc)."""
+  d = tmp_path_factory.mktemp('spm')
+  sentences = [s for doc in list(corpus.embedded_documents())[:120] for s in doc]
+  assert any(c.isupper() for s in sentences for c in s)
+  return {name: SentencePieceTokenizer.train(text, 300, str(d / name), lowercase=fold)
+          for name, text, fold in (('cased', sentences, False), ('folded', sentences, True),
+                                   ('lowered', [s.lower() for s in sentences], False))}
+
+
+def test_sentencepiece_casing_is_read_from_the_model(spm_models):
+  assert spm_models['cased'].do_lower_case is False
+  assert spm_models['folded'].do_lower_case is True  # its normaliser lowercases
+  assert spm_models['lowered'].do_lower_case is True  # no piece has an upper-case letter
+  assert any(c.isupper() for p in spm_models['cased'].vocab[5:] for c in p)
+  assert not any(c.isupper() for p in spm_models['lowered'].vocab[5:] for c in p)
+  # The casing is what encoding does: the folded model reads 'Steve' as 'steve'.
+  cased, folded = spm_models['cased'], spm_models['folded']
+  assert folded.encode('Steve Smith') == folded.encode('steve smith')
+  assert cased.encode('Steve Smith') != cased.encode('steve smith')
+  again = SentencePieceTokenizer(cased.model_file)  # reloaded from the file alone
+  assert again.do_lower_case is False and again.fingerprint == cased.fingerprint
+  assert len({t.fingerprint for t in spm_models.values()}) == 3
+
+
+def test_sentencepiece_fingerprint_is_the_vocabulary_not_the_file(tmp_path):
+  """The same corpus trained to another path gives another .model file (the trainer records
+  its paths in it) but the same pieces: the same fingerprint. Another normaliser does not."""
+  sentences = [s for doc in list(corpus.embedded_documents())[:60] for s in doc]
+  a = SentencePieceTokenizer.train(sentences, 200, str(tmp_path / 'a'), lowercase=False)
+  b = SentencePieceTokenizer.train(sentences, 200, str(tmp_path / 'elsewhere'), lowercase=False)
+  c = SentencePieceTokenizer.train(sentences, 200, str(tmp_path / 'c'), lowercase=True)
+  assert (tmp_path / 'a.model').read_bytes() != (tmp_path / 'elsewhere.model').read_bytes()
+  assert a.vocab == b.vocab and a.fingerprint == b.fingerprint
+  assert c.fingerprint != a.fingerprint
+
+
+@pytest.mark.parametrize('name', ['cased', 'folded'])
+def test_sentencepiece_start_points_carry_the_model_casing(spm_models, workdir, tmp_path, name):
+  """An HF export with spiece.model and our workdir with data.spm_model: `do_lower_case` is
+  the model's (not None, not the workdir's data.do_lower_case), and asking for the other
+  casing is the same ValueError as for WordPiece."""
+  tok = spm_models[name]
+  lower = name == 'folded'
+  hf_dir = str(tmp_path / 'hf')
+  hf_reference.torch_model(TINY.replace(vocab_size=tok.vocab_size)).save_pretrained(hf_dir)
+  tok.save_pretrained(hf_dir)
+  path, _ = workdir
+  run = tmp_path / 'run'
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(os.path.join(path, 'checkpoints'), run / 'checkpoints')
+  with open(os.path.join(path, 'config.json')) as f:
+    config = json.load(f)
+  config['data'].update(vocab_file='', spm_model=tok.model_file, do_lower_case=not lower)
+  (run / 'config.json').write_text(json.dumps(config))
+  for source in (hf_dir, str(run)):
+    start = start_points.load_start_point(source)
+    assert start.do_lower_case is lower and start.tokenizer.do_lower_case is lower, source
+    assert start.tokenizer.fingerprint == tok.fingerprint
+    casing = rf'the start point is {"un" if lower else ""}cased \(do_lower_case={lower}, '
+    with pytest.raises(ValueError, match=casing + rf'from (?:{name}|spiece)\.model\'s '
+                                                  r'normaliser and pieces\)'):
+      start_points.load_start_point(source, do_lower_case=not lower)
+    assert start_points.load_start_point(source, do_lower_case=lower).do_lower_case is lower
