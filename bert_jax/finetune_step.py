@@ -7,7 +7,8 @@ rules), batches sharded over (data, fsdp), the state donated, dropout keys
 
 Losses are weighted means over `label_weights`, so the zero-weight rows that pad an epoch's
 last batch (and the positions of a tagged row that carry no label) count for nothing:
-cross-entropy for classification and tagging (first sub-words only), mean squared error for
+cross-entropy for classification and tagging (first sub-words only) and over the choices
+of a multiple-choice row (HF's `BertForMultipleChoice` loss), mean squared error for
 regression, and for span extraction the mean of the start and end cross-entropies
 (run_squad.py's `(start_loss + end_loss) / 2`; an unanswerable question or a window without
 the answer points at position 0, [CLS]).
@@ -39,7 +40,7 @@ def loss_sums(kind: str, outputs, batch) -> tuple[jax.Array, jax.Array]:
   elif kind == 'regression':
     target = jnp.where(w > 0, batch['labels'], 0.0)  # unlabelled rows are NaN
     loss = jnp.square(outputs[:, 0] - target)
-  elif kind in ('classification', 'tagging'):
+  elif kind in ('classification', 'tagging', 'multiple_choice'):
     labels = jnp.where(w > 0, batch['labels'], 0)  # -1 / -100 where there is no label
     loss = optax.softmax_cross_entropy_with_integer_labels(outputs, labels)
   else:

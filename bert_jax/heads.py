@@ -1,6 +1,7 @@
 """Fine-tuning heads on the pre-trained encoder: sequence classification (and regression),
-token classification and span extraction, numerically HuggingFace's `BertForSequenceClassification`,
-`BertForTokenClassification` and `BertForQuestionAnswering` on the same weights.
+token classification, span extraction and multiple choice, numerically HuggingFace's
+`BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering` and
+`BertForMultipleChoice` on the same weights.
 
 The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same parameter
 names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
@@ -29,13 +30,17 @@ from bert_jax.model import (BertConfig, Embeddings, Encoder, _dense, attention_m
 SEQUENCE = 'sequence_classification'
 TOKEN = 'token_classification'
 SPAN = 'question_answering'
-TASKS = (SEQUENCE, TOKEN, SPAN)
+MULTIPLE_CHOICE = 'multiple_choice'
+TASKS = (SEQUENCE, TOKEN, SPAN, MULTIPLE_CHOICE)
 # HF problem types of BertForSequenceClassification; its loss is chosen by this field.
 PROBLEM_TYPES = ('regression', 'single_label_classification', 'multi_label_classification')
 # Parameter group of each task's head (also its name in HF's state dict).
-HEAD_PARAM = {SEQUENCE: 'classifier', TOKEN: 'classifier', SPAN: 'qa_outputs'}
+HEAD_PARAM = {SEQUENCE: 'classifier', TOKEN: 'classifier', SPAN: 'qa_outputs',
+              MULTIPLE_CHOICE: 'classifier'}
 # Logical axis of each head's input: the pooler's output (`mlp`, like the NSP head) or tokens.
-HEAD_IN_AXIS = {SEQUENCE: 'mlp', TOKEN: 'embed', SPAN: 'embed'}
+HEAD_IN_AXIS = {SEQUENCE: 'mlp', TOKEN: 'embed', SPAN: 'embed', MULTIPLE_CHOICE: 'mlp'}
+# Heads whose output width is fixed by the task: (start, end) and one score per choice.
+FIXED_OUTPUTS = {SPAN: (2, '(start, end)'), MULTIPLE_CHOICE: (1, '(one score per choice)')}
 ENCODER_GROUPS = ('embeddings', 'encoder', 'pooler')
 
 
@@ -43,12 +48,14 @@ ENCODER_GROUPS = ('embeddings', 'encoder', 'pooler')
 class Head:
   """What sits on the encoder: the task, its labels and HF's `problem_type`.
 
-  `num_labels=1` on a sequence task is regression (HF's rule). Span extraction always has two
-  outputs (start, end). `classifier_dropout=None` means the encoder's hidden dropout, as HF.
+  `num_labels=1` on a sequence task is regression (HF's rule); unset, it is 2. Span extraction
+  always has two outputs (start, end) and multiple choice one (a score per choice, HF's
+  `Linear(hidden, 1)`; the number of choices is the data's). `classifier_dropout=None` means
+  the encoder's hidden dropout, as HF.
   """
 
   task: str
-  num_labels: int = 2
+  num_labels: int | None = None
   labels: tuple[str, ...] | None = None
   problem_type: str | None = None
   classifier_dropout: float | None = None
@@ -58,9 +65,15 @@ class Head:
       object.__setattr__(self, 'labels', tuple(self.labels))
     if self.task not in TASKS:
       raise ValueError(f'Head.task={self.task!r}: expected one of {TASKS}')
-    if self.task == SPAN and self.num_labels != 2:
-      raise ValueError(f'Head(task={SPAN!r}) has num_labels=2 (start, end), got '
+    fixed, why = FIXED_OUTPUTS.get(self.task, (None, ''))
+    if self.num_labels is None:
+      object.__setattr__(self, 'num_labels', fixed or 2)
+    if fixed is not None and self.num_labels != fixed:
+      raise ValueError(f'Head(task={self.task!r}) has num_labels={fixed} {why}, got '
                        f'{self.num_labels}; leave num_labels unset')
+    if self.task == MULTIPLE_CHOICE and self.labels is not None:
+      raise ValueError(f'Head(task={MULTIPLE_CHOICE!r}) scores each choice and has no label '
+                       'names; leave labels unset')
     if self.num_labels < 1:
       raise ValueError(f'Head.num_labels={self.num_labels}: needs at least 1')
     if self.labels is not None and len(self.labels) != self.num_labels:
@@ -88,7 +101,7 @@ class Head:
 
   @property
   def has_pooler(self) -> bool:
-    return self.task == SEQUENCE
+    return self.task in (SEQUENCE, MULTIPLE_CHOICE)
 
 
 @struct.dataclass
@@ -206,8 +219,29 @@ class BertForQuestionAnswering(nn.Module):
     return SpanLogits(start_logits=logits[..., 0], end_logits=logits[..., 1])
 
 
+class BertForMultipleChoice(nn.Module):
+  """Choices [B, C, S] -> scores [B, C] float32, as HF's `BertForMultipleChoice`: every choice
+  is its own row of the encoder ([B * C, S]), dropout + dense to 1 on its pooled [CLS], and
+  the scores reshaped to [B, C] (softmax over choices is the loss's)."""
+
+  cfg: BertConfig
+  head: Head = Head(MULTIPLE_CHOICE)
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+               deterministic: bool = True) -> jax.Array:
+    cfg = self.cfg
+    batch, choices, length = input_ids.shape
+    rows = lambda x: None if x is None else jnp.reshape(x, (batch * choices, length))
+    _, pooled = encode(cfg, rows(input_ids), rows(input_mask), rows(segment_ids),
+                       position_ids=rows(position_ids), deterministic=deterministic)
+    pooled = nn.Dropout(_dropout(cfg, self.head))(pooled, deterministic=deterministic)
+    scores = _head_dense(cfg, 1, HEAD_IN_AXIS[MULTIPLE_CHOICE], 'classifier')(pooled)
+    return scores.astype(jnp.float32).reshape(batch, choices)
+
+
 MODELS = {SEQUENCE: BertForSequenceClassification, TOKEN: BertForTokenClassification,
-          SPAN: BertForQuestionAnswering}
+          SPAN: BertForQuestionAnswering, MULTIPLE_CHOICE: BertForMultipleChoice}
 
 
 def _dropout(cfg: BertConfig, head: Head) -> float:
@@ -220,7 +254,8 @@ def build_model(cfg: BertConfig, head: Head) -> nn.Module:
 
 
 def _dummy_init(cfg: BertConfig, head: Head, rng: jax.Array, seq_len: int):
-  ids = jnp.zeros((1, seq_len), jnp.int32)
+  shape = (1, 1, seq_len) if head.task == MULTIPLE_CHOICE else (1, seq_len)
+  ids = jnp.zeros(shape, jnp.int32)
   return build_model(cfg, head).init(rng, ids)
 
 

@@ -1,12 +1,13 @@
 """Fine-tuned head models <-> HuggingFace `BertForSequenceClassification`,
-`BertForTokenClassification` and `BertForQuestionAnswering` directories.
+`BertForTokenClassification`, `BertForQuestionAnswering` and `BertForMultipleChoice` directories.
 
 `save_finetuned` writes what `AutoModelFor{SequenceClassification,TokenClassification,
-QuestionAnswering}.from_pretrained` loads with no missing or unexpected key: the encoder under
-`bert.` (the pooler only for sequence tasks, as HF builds the others without one), the head as
-`classifier.*` or `qa_outputs.*`, and a config.json with the architecture, `id2label` /
-`label2id` and `problem_type`. The encoder tensors come from `hf.params_to_hf`, so they are
-converted exactly as a pre-training export is.
+QuestionAnswering,MultipleChoice}.from_pretrained` loads with no missing or unexpected key: the
+encoder under `bert.` (the pooler only for sequence and multiple-choice tasks, as HF builds the
+others without one), the head as `classifier.*` or `qa_outputs.*`, and a config.json with the
+architecture, `id2label` / `label2id` and `problem_type` (multiple choice has no labels: its
+`classifier` is HF's `Linear(hidden, 1)` whatever config.json's num_labels says). The encoder
+tensors come from `hf.params_to_hf`, so they are converted exactly as a pre-training export is.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import jax
 import numpy as np
 
 from bert_jax import heads, hf, model
-from bert_jax.heads import HEAD_PARAM, SEQUENCE, SPAN, TOKEN, Head
+from bert_jax.heads import HEAD_PARAM, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, Head
 from bert_jax.model import BertConfig
 from input_pipeline import fs
 
 ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
-                 SPAN: 'BertForQuestionAnswering'}
+                 SPAN: 'BertForQuestionAnswering', MULTIPLE_CHOICE: 'BertForMultipleChoice'}
 
 
 # ----------------------------------------------------------------------------- configs
@@ -35,10 +36,11 @@ ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForToken
 def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
   """HF config.json of a fine-tuned model: the encoder's fields plus the head's."""
   out = hf.config_to_hf(cfg)
-  names = head.label_names
-  out.update(architectures=[ARCHITECTURES[head.task]],
-             id2label={str(i): name for i, name in enumerate(names)},
-             label2id={name: i for i, name in enumerate(names)})
+  out['architectures'] = [ARCHITECTURES[head.task]]
+  if head.task != MULTIPLE_CHOICE:  # HF's default (LABEL_0, LABEL_1) there, as run_swag.py's
+    names = head.label_names
+    out.update(id2label={str(i): name for i, name in enumerate(names)},
+               label2id={name: i for i, name in enumerate(names)})
   if head.resolved_problem_type:
     out['problem_type'] = head.resolved_problem_type
   if head.classifier_dropout is not None:
@@ -52,6 +54,8 @@ def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json
   task = next((t for t, arch in ARCHITECTURES.items() if arch in archs), None)
   if task is None:
     return None
+  if task == MULTIPLE_CHOICE:  # one score per choice: id2label describes nothing
+    return Head(task, classifier_dropout=hf_config.get('classifier_dropout'))
   id2label = hf_config.get('id2label') or {}
   num_labels = len(id2label) or int(hf_config.get('num_labels', 2))
   try:
@@ -93,10 +97,13 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
     return None
   want = (head.num_labels, hidden_size)
   if tuple(weight.shape) != want or tuple(bias.shape) != want[:1]:
+    fix = ('make config.json id2label (num_labels) match the tensors'
+           if head.task in (SEQUENCE, TOKEN) else
+           f'every {ARCHITECTURES[head.task]} has that shape; check config.json architectures')
     raise hf.CheckpointError(
         f'{source}: {name}.weight has shape {tuple(weight.shape)} and {name}.bias '
         f'{tuple(bias.shape)}, but {head.task} with {head.num_labels} labels needs {want}; '
-        'make config.json id2label (num_labels) match the tensors')
+        + fix)
   return {name: {'kernel': np.asarray(weight, np.float32).T.copy(),
                  'bias': np.asarray(bias, np.float32)}}
 

@@ -10,6 +10,12 @@ with `label_all_tokens=False`: later sub-words, [CLS], [SEP] and padding get lab
 weight 0. `word_ids` records which word every position belongs to, so
 `tags_from_predictions` maps per-position predictions back to one tag per word.
 
+Multiple choice pairs the context with each choice (`[CLS] context [SEP] choice_i [SEP]`)
+into [N, num_choices, max_seq_length] arrays, as HuggingFace's `run_swag.py` tokenizes them:
+its fast tokenizer's `truncation=True` (longest-first, `truncate_longest_first`), which differs
+from `_truncate_seq_pair` only in which side keeps the odd token when both are cut;
+`labels` [N] is the correct choice's number.
+
 Array names: input_ids, input_mask, segment_ids (the reference's), labels (int32 class ids,
 or float32 targets for regression; -1 / NaN for unlabelled test rows) and label_weights
 (1.0 where a label exists).
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from input_pipeline.swag import ChoiceExample
 from input_pipeline.tasks import Example, TaggedSentence
 from input_pipeline.tokenizer import Tokenizer
 
@@ -37,14 +44,30 @@ def truncate_seq_pair(len_a: int, len_b: int, max_length: int) -> tuple[int, int
   return len_a, len_b
 
 
-def _pack_pair(tokenizer: Tokenizer, a: list[int], b: list[int] | None, max_seq_length: int
-               ) -> tuple[list[int], list[int]]:
-  """(ids, segment ids) of `[CLS] a [SEP] (b [SEP])`, truncated, unpadded."""
+def truncate_longest_first(len_a: int, len_b: int, max_length: int) -> tuple[int, int]:
+  """The lengths HuggingFace tokenizers' `LongestFirst` pair truncation leaves
+  (tokenizers/src/utils/truncation.rs, "ported from the legacy truncation code"): the shorter
+  side is kept whole if the longer can take the rest, else both are cut to half, the longer
+  (the second on ties) keeping the odd token."""
+  if len_a + len_b <= max_length:
+    return len_a, len_b
+  swap = len_a > len_b
+  n1, n2 = (len_b, len_a) if swap else (len_a, len_b)
+  n2 = n1 if n1 > max_length else max(n1, max_length - n1)
+  if n1 + n2 > max_length:
+    n1 = max_length // 2
+    n2 = n1 + max_length % 2
+  return (n2, n1) if swap else (n1, n2)
+
+
+def _pack_pair(tokenizer: Tokenizer, a: list[int], b: list[int] | None, max_seq_length: int,
+               truncate=truncate_seq_pair) -> tuple[list[int], list[int]]:
+  """(ids, segment ids) of `[CLS] a [SEP] (b [SEP])`, the pair cut by `truncate`, unpadded."""
   cls, sep = tokenizer.cls_id, tokenizer.sep_id
   if b is None:
     a = a[:max_seq_length - 2]
     return [cls] + a + [sep], [0] * (len(a) + 2)
-  la, lb = truncate_seq_pair(len(a), len(b), max_seq_length - 3)
+  la, lb = truncate(len(a), len(b), max_seq_length - 3)
   ids = [cls] + a[:la] + [sep] + b[:lb] + [sep]
   return ids, [0] * (la + 2) + [1] * (lb + 1)
 
@@ -72,6 +95,34 @@ def classification_features(examples: Sequence[Example], tokenizer: Tokenizer,
     out['input_mask'][i, :len(ids)] = 1
     out['segment_ids'][i, :len(ids)] = segments
   out['labels'], out['label_weights'] = _labels(examples, labels)
+  return out
+
+
+def multiple_choice_features(examples: Sequence[ChoiceExample], tokenizer: Tokenizer,
+                             max_seq_length: int) -> dict[str, np.ndarray]:
+  """Arrays [N, num_choices, max_seq_length] for multiple choice; labels [N] (-1 unlabelled)."""
+  if max_seq_length < 3:
+    raise ValueError(f'max_seq_length={max_seq_length}: need room for [CLS] and two [SEP]')
+  n = len(examples)
+  choices = len(examples[0].choices) if examples else 0
+  for e in examples:
+    if len(e.choices) != choices:
+      raise ValueError(f'example {e.guid}: {len(e.choices)} choices, but {examples[0].guid} has '
+                       f'{choices}; every example of a split needs the same number')
+  contexts = tokenizer.encode_batch([e.context for e in examples])
+  seconds = tokenizer.encode_batch([c for e in examples for c in e.choices])
+  out = {k: np.zeros((n, choices, max_seq_length), np.int32)
+         for k in ('input_ids', 'input_mask', 'segment_ids')}
+  out['input_ids'][:] = tokenizer.pad_id
+  for i in range(n):
+    for j in range(choices):
+      ids, segments = _pack_pair(tokenizer, contexts[i], seconds[i * choices + j],
+                                 max_seq_length, truncate_longest_first)
+      out['input_ids'][i, j, :len(ids)] = ids
+      out['input_mask'][i, j, :len(ids)] = 1
+      out['segment_ids'][i, j, :len(ids)] = segments
+  out['labels'] = np.array([-1 if e.label is None else e.label for e in examples], np.int32)
+  out['label_weights'] = np.array([e.label is not None for e in examples], np.float32)
   return out
 
 

@@ -1,5 +1,6 @@
 """Fine-tuning heads: parity with transformers' PyTorch BertFor<Task> on the same random
-weights, packed rows, bf16, sharding, and the HF export round trip for all three heads.
+weights, packed rows, bf16, sharding, and the HF export round trip for every head (multiple
+choice at the end: [B, C, S] inputs, its loss, its export and HF start points).
 
 Parity bound: max|ours - HF| <= 1e-5 * max(1, max|HF|). Both sides run float32, but XLA's and
 PyTorch's CPU kernels sum in different orders (and differ between CPU kinds), so the outputs
@@ -16,7 +17,7 @@ import torch
 import transformers
 
 import hf_reference
-from bert_jax import heads, hf, hf_heads, sharding as shd, start_points
+from bert_jax import finetune_step, heads, hf, hf_heads, sharding as shd, start_points
 from bert_jax.model import BertConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 
@@ -290,3 +291,124 @@ def test_head_validation_errors_say_what_to_fix():
     hf_heads.finetuned_from_hf(state, cfg, heads.Head(heads.SEQUENCE, 4))
   with pytest.raises(hf.CheckpointError, match='no qa_outputs.weight'):
     hf_heads.finetuned_from_hf(state, cfg, HEADS['span'])
+
+
+# ----------------------------------------------------------------------------- multiple choice
+
+MC = heads.Head(heads.MULTIPLE_CHOICE)
+
+
+def choice_batch(cfg, questions=2, choices=4, length=32, seed=0):
+  """[questions, choices, length] rows with different end padding, two segments."""
+  flat = hf_reference.random_batch(cfg, batch=questions * choices, length=length, seed=seed)
+  return {k: flat[k].reshape(questions, choices, -1)
+          for k in ('input_ids', 'input_mask', 'segment_ids')}
+
+
+def torch_choice_logits(model, batch, labels=None):
+  with torch.no_grad():
+    out = model(input_ids=torch.from_numpy(batch['input_ids']).long(),
+                attention_mask=torch.from_numpy(batch['input_mask']).long(),
+                token_type_ids=torch.from_numpy(batch['segment_ids']).long(),
+                labels=None if labels is None else torch.from_numpy(labels).long())
+  return out
+
+
+@pytest.mark.parametrize('size', list(CONFIGS))
+def test_multiple_choice_logits_and_loss_match_hf_pytorch(size):
+  """BertForMultipleChoice on the same random weights: [B, C] logits (the requirement is
+  <= 1e-4; the bound here is the float32 round-off one of the other heads) and the loss."""
+  cfg = CONFIGS[size]
+  torch.manual_seed(3)
+  hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_heads.config_to_hf(cfg, MC).items()
+                                      if k not in ('architectures', 'model_type')})
+  model = hf_reference.randomize(transformers.BertForMultipleChoice(hf_cfg).eval())
+  params = hf_heads.finetuned_from_hf(hf_reference.state_dict(model), cfg, MC)
+  assert set(params) == {'embeddings', 'encoder', 'pooler', 'classifier'}
+  assert params['classifier']['kernel'].shape == (cfg.hidden_size, 1)
+  assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == sum(
+      p.numel() for p in model.parameters())
+  batch = choice_batch(cfg)
+  labels = np.array([2, 0])
+  theirs = torch_choice_logits(model, batch, labels)
+  ours = our_logits(cfg, MC, params, batch)
+  assert ours['logits'].shape == (2, 4)
+  check_parity(ours, {'logits': theirs.logits.numpy()}, f'{size} multiple choice')
+  assert np.max(np.abs(ours['logits'] - theirs.logits.numpy())) <= 1e-4
+  total, weight = finetune_step.loss_sums(
+      'multiple_choice', ours['logits'], {'labels': labels, 'label_weights': np.ones(2)})
+  np.testing.assert_allclose(float(total / weight), float(theirs.loss), rtol=1e-5)
+
+
+def test_multiple_choice_scores_each_choice_alone():
+  """A choice's score does not depend on the other choices of its row, nor on their order."""
+  cfg = CONFIGS['tiny']
+  params = heads.init_params(cfg, MC, jax.random.key(8))
+  batch = choice_batch(cfg, questions=1, choices=3, seed=2)
+  model = heads.build_model(cfg, MC)
+  args = lambda b: (b['input_ids'], b['input_mask'], b['segment_ids'])
+  whole = model.apply({'params': params}, *args(batch))
+  order = [2, 0, 1]
+  shuffled = model.apply({'params': params}, *args({k: v[:, order] for k, v in batch.items()}))
+  np.testing.assert_allclose(shuffled[0], whole[0, order], atol=1e-5)
+  alone = model.apply({'params': params}, *args({k: v[:, 1:2] for k, v in batch.items()}))
+  np.testing.assert_allclose(alone[0, 0], whole[0, 1], atol=1e-5)
+  train = model.apply({'params': params}, *args(batch), deterministic=False,
+                      rngs={'dropout': jax.random.key(0)})
+  assert np.max(np.abs(train - whole)) > 1e-4  # HF's dropout on the pooled output
+
+
+def test_multiple_choice_export_and_hf_start_point_keep_the_classifier(tmp_path):
+  """Our export loads in AutoModelForMultipleChoice with no missing key and the same logits;
+  a BertForMultipleChoice saved by transformers itself (config.json with HF's default two
+  labels) is a start point whose classifier comes along as the multiple-choice head."""
+  cfg = CONFIGS['tiny']
+  params = heads.init_params(cfg, MC, jax.random.key(9))
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(1)
+  params = jax.tree_util.tree_unflatten(
+      treedef, [np.asarray(x) + 0.05 * rng.standard_normal(x.shape).astype(np.float32)
+                for x in leaves])
+  tok = WordPieceTokenizer(VOCAB, do_lower_case=True)
+  path = hf_heads.save_finetuned(str(tmp_path / 'mc'), cfg, MC, params, tokenizer=tok)
+  model, info = transformers.AutoModelForMultipleChoice.from_pretrained(
+      path, output_loading_info=True)
+  assert isinstance(model, transformers.BertForMultipleChoice)
+  for kind in ('missing_keys', 'unexpected_keys', 'mismatched_keys', 'error_msgs'):
+    assert not info[kind], (kind, info)
+  model.eval()
+  batch = choice_batch(cfg, seed=4)
+  theirs = torch_choice_logits(model, batch).logits.numpy()
+  diff = float(np.max(np.abs(our_logits(cfg, MC, params, batch)['logits'] - theirs)))
+  print(f'export multiple choice: max|diff|={diff:.3g}')
+  assert diff <= 1e-4
+  start = start_points.load_start_point(path)
+  assert start.head == MC
+  _, again = start_points.init_head_params(start, MC)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
+
+  hf_dir = str(tmp_path / 'hf_saved')
+  model.save_pretrained(hf_dir)  # transformers' own files
+  tok.save_pretrained(hf_dir)
+  start = start_points.load_start_point(hf_dir)
+  assert start.head == MC
+  np.testing.assert_array_equal(start.head_params['classifier']['kernel'],
+                                model.classifier.weight.detach().numpy().T)
+  _, from_hf = start_points.init_head_params(start, MC)
+  again = our_logits(cfg, MC, from_hf, batch)['logits']
+  assert np.max(np.abs(again - theirs)) <= 1e-4
+
+
+def test_multiple_choice_head_validation():
+  assert MC.num_labels == 1 and MC.has_pooler and MC.labels is None
+  assert heads.Head(heads.SEQUENCE).num_labels == 2 and heads.Head(heads.SPAN).num_labels == 2
+  with pytest.raises(ValueError, match=r'num_labels=1 \(one score per choice\), got 4; leave'):
+    heads.Head(heads.MULTIPLE_CHOICE, num_labels=4)
+  with pytest.raises(ValueError, match='no label names'):
+    heads.Head(heads.MULTIPLE_CHOICE, labels=('a',))
+  cfg = CONFIGS['tiny']
+  state = hf_heads.finetuned_to_hf(heads.init_params(cfg, HEADS['classification'],
+                                                     jax.random.key(0)), cfg,
+                                   HEADS['classification'])
+  with pytest.raises(hf.CheckpointError, match=r'needs \(1, 128\); every BertForMultipleChoice'):
+    hf_heads.finetuned_from_hf(state, cfg, MC)
