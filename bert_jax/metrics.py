@@ -4,7 +4,8 @@ Each metric is defined as the reference implementation defines it, and the tests
 that implementation: accuracy, binary F1 and Matthews correlation to scikit-learn's,
 Pearson/Spearman to scipy's, SQuAD to the official evaluate-v1.1.py / evaluate-v2.0.py
 (normalisation, max over gold answers, v2.0's empty gold for unanswerable questions and
-HasAns/NoAns split), entity F1 to seqeval's default (conlleval-compatible) mode. None of them
+HasAns/NoAns split), entity F1 to seqeval's default (conlleval-compatible) mode and token
+accuracy (bare tag sets such as POS) to seqeval's accuracy_score. None of them
 needs scikit-learn, scipy or seqeval at run time.
 
 `GLUE_METRICS` says which metrics each GLUE task reports and which is its headline (the BERT
@@ -333,3 +334,19 @@ def _prf(tp: int, predicted: int, actual: int) -> dict[str, float]:
   recall = tp / actual if actual else 0.0
   f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
   return {'precision': precision, 'recall': recall, 'f1': f1, 'support': actual}
+
+
+def token_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> float:
+  """The fraction of words whose predicted tag is the gold one, over all sentences: the POS
+  tagging score (seqeval's `accuracy_score` on the same lists)."""
+  if len(gold) != len(predicted):
+    raise ValueError(f'{len(gold)} gold sentences but {len(predicted)} predicted')
+  right = total = 0
+  for n, (g, p) in enumerate(zip(gold, predicted)):
+    if len(g) != len(p):
+      raise ValueError(f'sentence {n}: {len(g)} gold tags but {len(p)} predicted')
+    right += sum(a == b for a, b in zip(g, p))
+    total += len(g)
+  if not total:
+    raise ValueError('no words to score')
+  return right / total

@@ -1,11 +1,24 @@
-"""CoNLL-2003 column files (and TFDS `conll2003`) as tagged sentences.
+"""CoNLL column files (and TFDS `conll2003`) as tagged sentences.
 
-The format: one word per line, `word POS chunk NER` separated by single spaces; a blank line
-ends a sentence; `-DOCSTART- -X- -X- O` lines separate documents and are not sentences. Tags
-are kept as the file gives them: the original `eng.train` is IOB1 (an entity starts with I-,
-B- only between two adjacent entities of one type), most redistributions are BIO. Entity F1
-(`bert_jax.metrics.entity_f1`, conlleval's chunking) scores both the same way; `to_bio`
-rewrites IOB1 as BIO for a label set that wants every entity to start with B-.
+The format: one word per line, its fields separated by spaces or tabs; a blank line ends a
+sentence; `-DOCSTART- ...` lines separate documents and are not sentences. The word is the
+first field and the tag the last unless `label_column` says otherwise; the number of columns
+is the file's own (that of its first word line), and every word line must have it:
+
+  2 columns  `word TAG`                 most NER and POS files (WNUT, CoNLL-2002 Spanish)
+  3 columns  `word POS NER`              CoNLL-2002 Dutch
+  4 columns  `word POS chunk NER`        CoNLL-2003 English (POS and chunk tags are kept too)
+  5 columns  `word lemma POS chunk NER`  CoNLL-2003 German
+
+`label_column` (negative counts from the end) picks another tag column: -3 for the POS tags
+of a 4-column file.
+
+Tags are kept as the file gives them: the original `eng.train` is IOB1 (an entity starts with
+I-, B- only between two adjacent entities of one type), most redistributions are BIO; POS tags
+have no prefixes at all. `is_bio` decides from a label set whether entity F1
+(`bert_jax.metrics.entity_f1`, conlleval's chunking, which scores IOB1 and BIO the same way) is
+meaningful; `to_bio` rewrites IOB1 as BIO for a label set that wants every entity to start
+with B-.
 """
 
 from __future__ import annotations
@@ -20,51 +33,74 @@ from input_pipeline.tasks import TaggedSentence, data_error, read_lines, require
 CONLL2003_LABELS = ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC',
                     'I-MISC')
 
-_TAG = re.compile(r'^(O|[BIES]-\S+)$')
+# The prefixes conlleval's chunking (metrics.get_entities) understands: BIO, IOB1, IOE, IOBES.
+_ENTITY_TAG = re.compile(r'^[BIES]-\S+$')
+_LAYOUTS = {2: 'word TAG', 4: 'word POS chunk NER'}
 
 
-def read_conll(path: str, *, num_columns: int = 4, tag_column: int = -1,
-               labels: Sequence[str] | None = None) -> list[TaggedSentence]:
-  """Sentences of a CoNLL file: words, tags (column `tag_column`), and POS/chunk columns
-  when the file has the CoNLL-2003 four.
+def is_bio(labels: Sequence[str]) -> bool:
+  """Is this an entity tag set (scored by entity F1) rather than bare tags (POS: NN, VBZ)?
 
-  Every line must have `num_columns` space-separated fields; every tag must be O or B-/I-/E-/
-  S-<type>, and in `labels` when given.
+  The rule: at least one label is B-/I-/E-/S-<type> and every other label is O. Any bare
+  label (NN, or a mix such as B-PER with NNP) makes it a plain tag set, scored by token
+  accuracy: chunking bare tags into "entities" would score nothing a user reads.
+  """
+  return (any(_ENTITY_TAG.match(t) for t in labels)
+          and all(t == 'O' or _ENTITY_TAG.match(t) for t in labels))
+
+
+def read_conll(path: str, *, label_column: int = -1, labels: Sequence[str] | None = None
+               ) -> list[TaggedSentence]:
+  """Sentences of a CoNLL file: words (column 0), tags (column `label_column`), and the POS
+  and chunk columns when the file has CoNLL-2003's four.
+
+  Every word line must have as many fields as the file's first word line; every tag must be
+  in `labels` when given.
   """
   sentences, rows = [], []
+  layout = None  # (number of columns, line that set it)
   for line_no, text in read_lines(path):
     fields = text.split()
-    if not fields:
-      _flush(rows, sentences, num_columns)
+    if not fields or fields[0] == '-DOCSTART-':
+      _flush(rows, sentences, layout)
       continue
-    if fields[0] == '-DOCSTART-':
-      _flush(rows, sentences, num_columns)
-      continue
-    if len(fields) != num_columns:
-      raise data_error(path, line_no, None, f'expected {num_columns} space-separated columns '
-                       f'(word POS chunk NER), found {len(fields)}: {text!r}')
-    _check_tag(fields[tag_column], labels, path, line_no)
-    rows.append((fields[0], fields[tag_column], fields))
-  _flush(rows, sentences, num_columns)
+    if layout is None:
+      layout = (len(fields), line_no)
+      _check_label_column(label_column, len(fields), path, line_no)
+    if len(fields) != layout[0]:
+      raise data_error(path, line_no, None, _column_error(layout, len(fields), text))
+    tag = fields[label_column]
+    if labels is not None and tag not in labels:
+      raise data_error(path, line_no, 'tag',
+                       f'unknown tag {tag!r}; the labels are {list(labels)}')
+    rows.append((fields[0], tag, fields))
+  _flush(rows, sentences, layout)
   return require_examples(sentences, path)
 
 
-def _check_tag(tag: str, labels, path: str, line_no: int) -> None:
-  if not _TAG.match(tag):
-    raise data_error(path, line_no, 'NER tag', f'{tag!r} is not a tag (O, B-X, I-X, E-X or '
-                     'S-X): is tag_column right?')
-  if labels is not None and tag not in labels:
-    raise data_error(path, line_no, 'NER tag', f'unknown tag {tag!r}; the labels are '
-                     f'{list(labels)}')
+def _check_label_column(label_column: int, num_columns: int, path: str, line_no: int) -> None:
+  if not -num_columns <= label_column < num_columns:
+    raise data_error(path, line_no, None, f'label_column={label_column} is outside the file\'s '
+                     f'{num_columns} columns; use 1..{num_columns - 1} or -1 (the last)')
+  if label_column % num_columns == 0:
+    raise data_error(path, line_no, None, f'label_column={label_column} is the word column; '
+                     'use -1 (the last) or the tag column\'s index')
 
 
-def _flush(rows: list, sentences: list, num_columns: int) -> None:
+def _column_error(layout: tuple[int, int], found: int, text: str) -> str:
+  expected, first = layout
+  name = _LAYOUTS.get(expected, 'word ... TAG')
+  return (f'expected {expected} space-separated columns ({name}), found {found}: {text!r}; '
+          f'the file\'s first word line (line {first}) sets the column count for every line')
+
+
+def _flush(rows: list, sentences: list, layout: tuple[int, int] | None) -> None:
   if not rows:
     return
   words = tuple(r[0] for r in rows)
   tags = tuple(r[1] for r in rows)
   pos = chunks = None
-  if num_columns == 4:
+  if layout[0] == 4:
     pos, chunks = tuple(r[2][1] for r in rows), tuple(r[2][2] for r in rows)
   sentences.append(TaggedSentence(words, tags, pos, chunks))
   rows.clear()

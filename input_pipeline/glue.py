@@ -116,24 +116,39 @@ def glue_split(task: GlueTask, split: str) -> str:
   return split
 
 
+def glue_file_candidates(task: GlueTask, data_dir: str, split: str) -> list[str]:
+  """Where a split's file may be, in the order looked: the directory itself, then
+  `<data_dir>/<task>` (the download's root). AX also beside the task directory, since it is
+  predicted with an MNLI model whose `glue_dir` is `glue_data/MNLI`: `glue_data/AX/AX.tsv`
+  (the GLUE site's layout) and `glue_data/diagnostic/diagnostic.tsv` (download_glue_data.py's).
+  """
+  split = glue_split(task, split)
+  if task.name == 'AX':
+    parent = fs.dirname(data_dir.rstrip('/'))
+    subdirs = ('diagnostic', 'AX')
+    dirs = [data_dir] + [fs.join(d, s) for d in (data_dir, parent) for s in subdirs]
+  else:
+    dirs = [data_dir, fs.join(data_dir, task.name)]
+  return list(dict.fromkeys(fs.join(d, f) for d in dirs for f in task.files[split]))
+
+
 def glue_file(task: GlueTask, data_dir: str, split: str) -> str:
   """The split's file in the task's directory, or in `<data_dir>/<task>` when `data_dir` is
-  the GLUE download's root (AX: `diagnostic/`)."""
-  split = glue_split(task, split)
-  subdir = 'diagnostic' if task.name == 'AX' else task.name
-  candidates = [fs.join(d, f) for d in (data_dir, fs.join(data_dir, subdir))
-                for f in task.files[split]]
+  the GLUE download's root (AX: see `glue_file_candidates`)."""
+  candidates = glue_file_candidates(task, data_dir, split)
   for path in candidates:
     if fs.exists(path) and not fs.isdir(path):
       return path
-  raise FileNotFoundError(f'{candidates[0]}: no such file (GLUE {task.name} {split}); pass '
-                          f'the task directory of the GLUE download, e.g. glue_data/{task.name}')
+  also = f'; also looked for {", ".join(candidates[1:])}' if task.name == 'AX' else ''
+  raise FileNotFoundError(f'{candidates[0]}: no such file (GLUE {task.name} '
+                          f'{glue_split(task, split)}{also}); pass the task directory of the '
+                          f'GLUE download, e.g. glue_data/{task.name}')
 
 
 def read_glue(task: str | GlueTask, data_dir: str, split: str, *,
-              skip_bad_lines: bool = False) -> list[Example]:
+              skip_bad_lines: bool = False, path: str | None = None) -> list[Example]:
   """Examples of one split of one GLUE task from its directory (`glue_data/MRPC`) or the
-  download's root (`glue_data`).
+  download's root (`glue_data`), or from the file `path` when given (AX's `data.ax_file`).
 
   Splits: train, dev, test (MNLI: train, dev_matched, dev_mismatched, test_matched,
   test_mismatched, with dev/test meaning matched; AX: test). Test examples have label None.
@@ -141,8 +156,11 @@ def read_glue(task: str | GlueTask, data_dir: str, split: str, *,
   failing on the first.
   """
   task = task if isinstance(task, GlueTask) else glue_task(task)
-  path = glue_file(task, data_dir, split)
   split = glue_split(task, split)
+  if path is None:
+    path = glue_file(task, data_dir, split)
+  elif not fs.exists(path) or fs.isdir(path):
+    raise FileNotFoundError(f'{path}: no such file (GLUE {task.name} {split})')
   is_test = split.startswith('test')
   if task.headerless and not is_test:
     rows = _positional_rows(path, task.headerless, 4, skip_bad_lines)

@@ -12,8 +12,15 @@ for SQuAD 2.0 answer "" when the best null score beats the best span by more tha
 `null_score_diff_threshold`.
 
 Positions are computed for every answerable example from its first answer (dev files list
-several; the reference trains on files with one); `is_training=True` additionally drops the
-examples whose answer cannot be found in the whitespace-split context, as the reference does.
+several; the reference trains on files with one). An answer that cannot be aligned, because
+its `answer_start` does not point at its text in the whitespace-split context (dropped from
+training as the reference drops it) or because no window holds all its tokens (the reference
+would train it as "no answer" in every window; we drop it), is counted in one summary line per
+file, and a training file with more than `max_misaligned_fraction` of them is refused.
+
+Answer texts are projected back onto the context with the tokenizer's own casing
+(`tokenizer.do_lower_case`, read from a SentencePiece model itself), never a guess: lowercasing
+the context for a cased model makes `get_final_text` miss "Steve Smith" in "Steve Smith's".
 """
 
 from __future__ import annotations
@@ -233,31 +240,91 @@ def _check_is_max_context(spans: list[tuple[int, int]], index: int, position: in
 
 def squad_features(examples: Sequence[SquadExample], tokenizer: Tokenizer, *,
                    max_seq_length: int = 384, doc_stride: int = 128,
-                   max_query_length: int = 64, is_training: bool = False
+                   max_query_length: int = 64, is_training: bool = False,
+                   source: str = 'SQuAD', max_misaligned_fraction: float | None = None
                    ) -> list[SquadFeature]:
-  """Windows of every example (`example_index` indexes `examples`), unique ids from 1e9."""
+  """Windows of every example (`example_index` indexes `examples`), unique ids from 1e9.
+
+  Answers that cannot be aligned (see the module docstring) are counted in one log line
+  naming `source` (the file); in training they are dropped, and more than
+  `max_misaligned_fraction` of the answers (None: no limit) is a ValueError."""
   if max_seq_length <= max_query_length + 3:
     raise ValueError(f'max_seq_length={max_seq_length} must exceed max_query_length + 3 '
                      f'= {max_query_length + 3}')
-  features, docs, dropped = [], {}, []
+  features, docs = [], {}
+  unaligned = Unaligned(sum(not e.is_impossible and bool(e.answers) for e in examples))
   for example_index, example in enumerate(examples):
-    if is_training and not example.is_impossible and not example.recoverable:
-      dropped.append(example.qas_id)
-      continue
+    if not example.is_impossible and example.answers and not example.recoverable:
+      unaligned.misplaced.append(example)
+      if is_training:
+        continue
     if example.context_text not in docs:  # questions share paragraphs: tokenize each once
       docs[example.context_text] = _tokenize_doc(example.doc_tokens, tokenizer)
     doc = docs[example.context_text]
     query = tokenizer.encode(example.question_text)[:max_query_length]
     answer = _token_answer(example, doc, tokenizer)
     spans = _doc_spans(len(doc.ids), max_seq_length - len(query) - 3, doc_stride)
+    if answer is not None and example.recoverable and not any(
+        start <= answer[0] and answer[1] < start + length for start, length in spans):
+      unaligned.too_long.append((example, answer[1] - answer[0] + 1, spans))
+      if is_training:
+        continue
     for span_index in range(len(spans)):
       features.append(_window(example, example_index, doc, query, spans, span_index, answer,
                               tokenizer, max_seq_length, UNIQUE_ID_START + len(features)))
-  if dropped:
-    logging.warning('SQuAD: dropped %d training examples whose answer is not in the '
-                    'whitespace-split context (as run_squad.py does), e.g. %s', len(dropped),
-                    dropped[:5])
+  unaligned.report(source, is_training, max_misaligned_fraction)
   return features
+
+
+@dataclasses.dataclass
+class Unaligned:
+  """The answers of one file that cannot be aligned, for its summary line."""
+  answers: int  # answerable questions
+  misplaced: list = dataclasses.field(default_factory=list)  # examples
+  too_long: list = dataclasses.field(default_factory=list)  # (example, tokens, spans)
+
+  @property
+  def count(self) -> int:
+    return len(self.misplaced) + len(self.too_long)
+
+  def _head(self, source: str) -> str:
+    return (f'{source}: {self.count:,} of {self.answers:,} answers could not be aligned '
+            f'({self.count / max(self.answers, 1):.2%})')
+
+  def _kinds(self) -> str:
+    kinds = []
+    if self.misplaced:
+      e = self.misplaced[0]
+      a = e.answers[0]
+      found = e.context_text[a.start:a.start + len(a.text)]
+      kinds.append(f'{len(self.misplaced):,} whose answer_start does not point at the answer '
+                   f'text (e.g. {e.qas_id}: {a.text!r} at character {a.start}, where the '
+                   f'context reads {found!r})')
+    if self.too_long:
+      e, tokens, spans = self.too_long[0]
+      stride = spans[1][0] - spans[0][0]
+      kinds.append(f'{len(self.too_long):,} whose tokens no single window holds (e.g. '
+                   f'{e.qas_id}: {tokens} tokens; windows of {spans[0][1]} context tokens '
+                   f'every {stride})')
+    return '; '.join(kinds)
+
+  def summary(self, source: str, dropped: bool) -> str:
+    """`train.json: 12 of 87,599 answers could not be aligned (0.01%) and were dropped: ...`."""
+    fate = ('were dropped' if dropped else
+            'were kept, since evaluation compares answer texts, not positions')
+    return f'{self._head(source)} and {fate}: {self._kinds()}'
+
+  def report(self, source: str, training: bool, max_fraction: float | None) -> None:
+    """One warning line; a ValueError when training would drop more than `max_fraction`."""
+    if not self.count:
+      return
+    if training and max_fraction is not None and self.count > max_fraction * self.answers:
+      raise ValueError(
+          f'{self._head(source)}, more than max_misaligned_fraction={max_fraction} allows: '
+          f'{self._kinds()}. Check that answer_start counts characters of the context (not '
+          'bytes) and that text is the answer found there, or raise '
+          '--config.data.max_misaligned_fraction')
+    logging.warning('%s', self.summary(source, training))
 
 
 def _token_answer(example: SquadExample, doc: _Doc, tokenizer: Tokenizer
@@ -323,10 +390,11 @@ class SquadPredictions:
 def squad_predictions(examples: Sequence[SquadExample], features: Sequence[SquadFeature],
                       start_logits: np.ndarray, end_logits: np.ndarray, tokenizer: Tokenizer,
                       *, n_best_size: int = 20, max_answer_length: int = 30,
-                      do_lower_case: bool = True, version_2_with_negative: bool = False,
+                      version_2_with_negative: bool = False,
                       null_score_diff_threshold: float = 0.0) -> SquadPredictions:
   """Answer texts from per-window logits ([num_features, max_seq_length], row i belongs to
-  `features[i]`), as run_squad.py `write_predictions` chooses them."""
+  `features[i]`), as run_squad.py `write_predictions` chooses them, projected onto the
+  context with `tokenizer`'s own casing (`text_normalization`)."""
   start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
   if len(start_logits) != len(features) or len(end_logits) != len(features):
     raise ValueError(f'{len(features)} features but {len(start_logits)} start and '
@@ -335,11 +403,12 @@ def squad_predictions(examples: Sequence[SquadExample], features: Sequence[Squad
   for i, f in enumerate(features):
     by_example[f.example_index].append(i)
   out = SquadPredictions({}, {}, {})
+  normalization = text_normalization(tokenizer)
   for example_index, rows in by_example.items():
     example = examples[example_index]
     nbest, null = _nbest(example, [features[i] for i in rows], start_logits[rows],
                          end_logits[rows], tokenizer, n_best_size, max_answer_length,
-                         do_lower_case, version_2_with_negative)
+                         normalization, version_2_with_negative)
     out.nbest[example.qas_id] = nbest
     best = next((e for e in nbest if e['text']), None)
     if not version_2_with_negative:
@@ -356,7 +425,7 @@ def _best_indexes(logits: np.ndarray, n: int) -> list[int]:
 
 
 def _nbest(example, features, start_logits, end_logits, tokenizer, n_best_size,
-           max_answer_length, do_lower_case, with_null):
+           max_answer_length, normalization, with_null):
   """The n-best answers of one example over all its windows, and its minimum null score."""
   prelim, null = [], None
   for k, f in enumerate(features):
@@ -377,7 +446,7 @@ def _nbest(example, features, start_logits, end_logits, tokenizer, n_best_size,
       break
     text = ''  # the null answer (position 0) is never deduplicated, as in the reference
     if i > 0:
-      text = _span_text(example, features[k], i, j, tokenizer, do_lower_case)
+      text = _span_text(example, features[k], i, j, tokenizer, normalization)
       if text in seen:
         continue
     seen.add(text)
@@ -396,11 +465,21 @@ def _softmax(scores: list[float]) -> list[float]:
   return (x / x.sum()).tolist()
 
 
-def _span_text(example, feature, i, j, tokenizer, do_lower_case) -> str:
+def _span_text(example, feature, i, j, tokenizer, normalization: tuple[bool, bool]) -> str:
   pieces = [tokenizer.id_to_token(int(t)) for t in feature.input_ids[i:j + 1]]
   orig = ' '.join(example.doc_tokens[feature.token_to_orig_map[i]:
                                      feature.token_to_orig_map[j] + 1])
-  return get_final_text(detokenize(pieces, tokenizer), orig, do_lower_case)
+  return get_final_text(detokenize(pieces, tokenizer), orig, *normalization)
+
+
+def text_normalization(tokenizer: Tokenizer) -> tuple[bool, bool]:
+  """(lower-cases, strips accents): what `tokenizer` did to the tokens of a predicted span,
+  which `get_final_text` must do to the original words to find the span in them. Casing is
+  the tokenizer's own (`do_lower_case`; a SentencePiece model's is read from the model), so a
+  cased model's "Steve Smith" is found in "Steve Smith's". BERT's normaliser strips accents
+  exactly when it lower-cases; SentencePiece's case folding (nmt_nfkc_cf) keeps them."""
+  lower = bool(tokenizer.do_lower_case)
+  return lower, lower if isinstance(tokenizer, WordPieceTokenizer) else False
 
 
 def detokenize(pieces: Sequence[str], tokenizer: Tokenizer) -> str:
@@ -413,21 +492,25 @@ def detokenize(pieces: Sequence[str], tokenizer: Tokenizer) -> str:
   return ' '.join(text.split())
 
 
-def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
+def basic_tokenize(text: str, do_lower_case: bool, strip_accents: bool | None = None
+                   ) -> list[str]:
   """BERT's BasicTokenizer (clean, CJK split, lower case and strip accents, split on
-  punctuation), through the `tokenizers` library's BERT normaliser and pre-tokenizer."""
+  punctuation), through the `tokenizers` library's BERT normaliser and pre-tokenizer.
+  `strip_accents=None` strips them exactly when lower-casing, as BERT does."""
   from tokenizers import normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
   norm = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                    strip_accents=None, lowercase=do_lower_case)
+                                    strip_accents=strip_accents, lowercase=do_lower_case)
   return [w for w, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(
       norm.normalize_str(text))]
 
 
-def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool,
+                   strip_accents: bool | None = None) -> str:
   """The part of `orig_text` (the original words the span covers) that `pred_text` (the
   normalised tokens) is: "steve smith" in "Steve Smith's" is "Steve Smith". Falls back to
-  `orig_text` when the characters cannot be aligned, as the reference does."""
-  tok_text = ' '.join(basic_tokenize(orig_text, do_lower_case))
+  `orig_text` when the characters cannot be aligned, as the reference does: so
+  `do_lower_case` (and `strip_accents`) must be what the tokenizer did to `pred_text`."""
+  tok_text = ' '.join(basic_tokenize(orig_text, do_lower_case, strip_accents))
   start = tok_text.find(pred_text)
   if start == -1:
     return orig_text

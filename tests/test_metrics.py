@@ -189,3 +189,27 @@ def test_entity_f1_by_hand_and_sentence_boundaries():
       'per_type']['PER']['support'] == 2
   with pytest.raises(ValueError, match='sentence 0: 2 gold tags but 1 predicted'):
     metrics.entity_f1([['O', 'O']], [['O']])
+
+
+def test_token_accuracy_equals_seqeval_and_scikit_learn():
+  from seqeval import metrics as seqeval
+  from sklearn import metrics as sk
+  rng = np.random.default_rng(2)
+  pos = ['NN', 'NNP', 'VBZ', 'DT', 'JJ', '.', 'PRP$', '-LRB-']
+  for _ in range(20):
+    gold = [[pos[i] for i in rng.integers(0, len(pos), int(rng.integers(1, 12)))]
+            for _ in range(int(rng.integers(1, 10)))]
+    pred = [[t if rng.random() < 0.6 else pos[int(rng.integers(0, len(pos)))] for t in s]
+            for s in gold]
+    got = metrics.token_accuracy(gold, pred)
+    assert got == pytest.approx(seqeval.accuracy_score(gold, pred), abs=1e-12)
+    assert got == pytest.approx(sk.accuracy_score(sum(gold, []), sum(pred, [])), abs=1e-12)
+  # Word-level over all sentences, not a mean of per-sentence accuracies: 3 of 4 words.
+  gold, pred = [['NN'], ['DT', 'NN', 'VBZ']], [['VB'], ['DT', 'NN', 'VBZ']]
+  assert metrics.token_accuracy(gold, pred) == 0.75
+  with pytest.raises(ValueError, match='sentence 1: 2 gold tags but 1 predicted'):
+    metrics.token_accuracy([['NN'], ['DT', 'NN']], [['NN'], ['DT']])
+  with pytest.raises(ValueError, match='1 gold sentences but 2 predicted'):
+    metrics.token_accuracy([['NN']], [['NN'], ['NN']])
+  with pytest.raises(ValueError, match='no words to score'):
+    metrics.token_accuracy([[]], [[]])

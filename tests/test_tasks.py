@@ -12,7 +12,7 @@ import pytest
 from bert_jax.metrics import normalize_answer
 from input_pipeline import conll, glue, mr, squad, task_features, tasks
 from input_pipeline.tasks import Example, TaggedSentence
-from input_pipeline.tokenizer import WordPieceTokenizer
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), 'data')
 VOCAB = os.path.join(DATA, 'bert_uncased_vocab.txt')
@@ -494,18 +494,18 @@ def test_conll_reads_sentences_and_documents(tmp_path):
   assert conll.to_bio(got[2].tags) == ('B-LOC', 'B-LOC', 'O', 'O')
   assert conll.to_bio(('I-PER', 'I-PER', 'I-LOC', 'O', 'I-LOC')) == (
       'B-PER', 'I-PER', 'B-LOC', 'O', 'B-LOC')
-  two = conll.read_conll(_write(tmp_path, 'wnut.txt', 'Hi O\nthere B-person\n'),
-                         num_columns=2)
+  two = conll.read_conll(_write(tmp_path, 'wnut.txt', 'Hi O\nthere B-person\n'))
   assert two == [TaggedSentence(('Hi', 'there'), ('O', 'B-person'))]
 
 
 @pytest.mark.parametrize('text,kwargs,error', [
     ('EU NNP B-NP I-ORG\nrejects VBZ O\n', {},
      r"line 2: expected 4 space-separated columns \(word POS chunk NER\), found 3"),
-    ('EU NNP B-NP NNP\n', {}, r"line 1, field 'NER tag': 'NNP' is not a tag"),
-    ('EU NNP B-NP I-ORG\n', {'tag_column': 1}, r"line 1, field 'NER tag': 'NNP' is not a tag"),
+    ('EU NNP B-NP I-ORG\n', {'label_column': 4},
+     r"line 1: label_column=4 is outside the file's 4 columns"),
+    ('EU NNP B-NP I-ORG\n', {'label_column': -4}, r"line 1: label_column=-4 is the word column"),
     ('EU NNP B-NP I-ORG\nx NN I-NP B-GPE\n', {'labels': conll.CONLL2003_LABELS},
-     r"line 2, field 'NER tag': unknown tag 'B-GPE'"),
+     r"line 2, field 'tag': unknown tag 'B-GPE'"),
     ('-DOCSTART- -X- -X- O\n\n', {}, r'no examples'),
 ])
 def test_bad_conll_input(tmp_path, text, kwargs, error):
@@ -657,7 +657,7 @@ def squad_file(tmp_path):
 
 def _span_text(example, feature, tokenizer):
   return squad._span_text(example, feature, feature.start_position, feature.end_position,
-                          tokenizer, True)
+                          tokenizer, squad.text_normalization(tokenizer))
 
 
 def test_squad_windows_recover_every_gold_span(squad_file, tokenizer):
@@ -811,6 +811,254 @@ def test_squad_not_json(tmp_path):
     squad.read_squad(str(path))
 
 
+def _spm(tmp_path, lowercase):
+  """A tiny SentencePiece model trained here, cased or case-folding (nmt_nfkc_cf)."""
+  sentences = ["Steve Smith's bat broke in the second match.",
+               'Steve Smith moved to Zürich, then left Zürich for Paris.',
+               'The captain praised Steve Smith after the match.',
+               'Zürich is a city; Paris is a city too.'] * 20
+  return SentencePieceTokenizer.train(sentences, 60, str(tmp_path / f'sp{int(lowercase)}'),
+                                      lowercase=lowercase)
+
+
+def _gold_logits(features, length):
+  """Logits that put each window's gold start and end (or [CLS]) far above the rest."""
+  start, end = np.zeros((len(features), length)), np.zeros((len(features), length))
+  for k, f in enumerate(features):
+    start[k, f.start_position] = end[k, f.end_position] = 10.0
+  return start, end
+
+
+def test_squad_answers_keep_the_sentencepiece_models_own_casing(squad_file, tmp_path):
+  context = "In the second match Steve Smith's bat broke. He moved to Zürich, then left."
+  data = {'data': [{'paragraphs': [{'context': context, 'qas': [
+      {'id': 'who', 'question': 'Whose bat broke?',
+       'answers': [{'text': 'Steve Smith', 'answer_start': context.index('Steve')}]},
+      {'id': 'where', 'question': 'Where did he move?',
+       'answers': [{'text': 'Zürich', 'answer_start': context.index('Zürich')}]}]}]}]}
+  examples = squad.read_squad(squad_file(data=data))
+  for lowercase in (False, True):
+    tok = _spm(tmp_path, lowercase)
+    assert tok.do_lower_case is lowercase  # read from the model, not guessed
+    assert squad.text_normalization(tok) == (lowercase, False)  # SentencePiece keeps accents
+    features = squad.squad_features(examples, tok, max_seq_length=48, max_query_length=12)
+    got = squad.squad_predictions(examples, features, *_gold_logits(features, 48), tok)
+    # The spans' words are "Smith's" and "Zürich,": the answer is cut out of them.
+    assert got.predictions == {'who': 'Steve Smith', 'where': 'Zürich'}, lowercase
+  # Guessing lowercase for the cased model (the bug): its "Steve Smith" is not found in the
+  # lowercased context, so the whole words come back. BERT's accent stripping, applied to
+  # the case-folding model's "zürich", loses "Zürich" the same way.
+  assert squad.get_final_text('Steve Smith', "Steve Smith's", True) == "Steve Smith's"
+  assert squad.get_final_text('Steve Smith', "Steve Smith's", False) == 'Steve Smith'
+  assert squad.get_final_text('zürich', 'Zürich,', True) == 'Zürich,'
+  assert squad.get_final_text('zürich', 'Zürich,', True, False) == 'Zürich'
+
+
+# evaluate-v2.0.py, the official SQuAD 2.0 evaluation script (linked from
+# https://rajpurkar.github.io/SQuAD-explorer/), verbatim: the functions behind its
+# best_exact / best_exact_thresh / best_f1 / best_f1_thresh. Run in its own namespace, as its
+# normalize_answer would shadow ours.
+_OFFICIAL_V2 = r'''
+import collections
+import re
+import string
+
+
+def make_qid_to_has_ans(dataset):
+    qid_to_has_ans = {}
+    for article in dataset:
+        for p in article['paragraphs']:
+            for qa in p['qas']:
+                qid_to_has_ans[qa['id']] = bool(qa['answers'])
+    return qid_to_has_ans
+
+
+def normalize_answer(s):
+    """Lower text and remove punctuation, articles and extra whitespace."""
+
+    def remove_articles(text):
+        regex = re.compile(r'\b(a|an|the)\b', re.UNICODE)
+        return re.sub(regex, ' ', text)
+
+    def white_space_fix(text):
+        return ' '.join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return ''.join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def get_tokens(s):
+    if not s: return []
+    return normalize_answer(s).split()
+
+
+def compute_exact(a_gold, a_pred):
+    return int(normalize_answer(a_gold) == normalize_answer(a_pred))
+
+
+def compute_f1(a_gold, a_pred):
+    gold_toks = get_tokens(a_gold)
+    pred_toks = get_tokens(a_pred)
+    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+    num_same = sum(common.values())
+    if len(gold_toks) == 0 or len(pred_toks) == 0:
+        # If either is no-answer, then F1 is 1 if they agree, 0 otherwise
+        return int(gold_toks == pred_toks)
+    if num_same == 0:
+        return 0
+    precision = 1.0 * num_same / len(pred_toks)
+    recall = 1.0 * num_same / len(gold_toks)
+    f1 = (2 * precision * recall) / (precision + recall)
+    return f1
+
+
+def get_raw_scores(dataset, preds):
+    exact_scores = {}
+    f1_scores = {}
+    for article in dataset:
+        for p in article['paragraphs']:
+            for qa in p['qas']:
+                qid = qa['id']
+                gold_answers = [a['text'] for a in qa['answers']
+                                if normalize_answer(a['text'])]
+                if not gold_answers:
+                    # For unanswerable questions, only correct answer is empty string
+                    gold_answers = ['']
+                if qid not in preds:
+                    print('Missing prediction for %s' % qid)
+                    continue
+                a_pred = preds[qid]
+                # Take max over all gold answers
+                exact_scores[qid] = max(compute_exact(a, a_pred) for a in gold_answers)
+                f1_scores[qid] = max(compute_f1(a, a_pred) for a in gold_answers)
+    return exact_scores, f1_scores
+
+
+def find_best_thresh(preds, scores, na_probs, qid_to_has_ans):
+    num_no_ans = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
+    cur_score = num_no_ans
+    best_score = cur_score
+    best_thresh = 0.0
+    qid_list = sorted(na_probs, key=lambda k: na_probs[k])
+    for i, qid in enumerate(qid_list):
+        if qid not in scores: continue
+        if qid_to_has_ans[qid]:
+            diff = scores[qid]
+        else:
+            if preds[qid]:
+                diff = -1
+            else:
+                diff = 0
+        cur_score += diff
+        if cur_score > best_score:
+            best_score = cur_score
+            best_thresh = na_probs[qid]
+    return 100.0 * best_score / len(scores), best_thresh
+
+
+def find_all_best_thresh(main_eval, preds, exact_raw, f1_raw, na_probs, qid_to_has_ans):
+    best_exact, exact_thresh = find_best_thresh(preds, exact_raw, na_probs, qid_to_has_ans)
+    best_f1, f1_thresh = find_best_thresh(preds, f1_raw, na_probs, qid_to_has_ans)
+    main_eval['best_exact'] = best_exact
+    main_eval['best_exact_thresh'] = exact_thresh
+    main_eval['best_f1'] = best_f1
+    main_eval['best_f1_thresh'] = f1_thresh
+'''
+
+
+def _official_best_thresholds(gold, preds, na_probs):
+  """What evaluate-v2.0.py --na-prob-file reports for these, through its own functions."""
+  official = {}
+  exec(compile(_OFFICIAL_V2, 'evaluate-v2.0.py', 'exec'), official)  # pylint: disable=exec-used
+  dataset = [{'paragraphs': [{'qas': [{'id': q, 'answers': [{'text': a} for a in answers]}
+                                      for q, answers in gold.items()]}]}]
+  exact_raw, f1_raw = official['get_raw_scores'](dataset, preds)
+  out = {}
+  official['find_all_best_thresh'](out, preds, exact_raw, f1_raw, na_probs,
+                                   official['make_qid_to_has_ans'](dataset))
+  return out
+
+
+def test_squad_v2_best_thresholds_are_the_official_scripts(squad_file, tokenizer, capsys):
+  from bert_jax import metrics  # pylint: disable=g-import-not-at-top
+  words = ['alpha', 'beta', 'gamma', 'the', 'delta', 'a']
+  for seed in range(20):
+    rng = random.Random(seed)
+    gold, preds, na_probs = {}, {}, {}
+    for n in range(rng.randint(1, 60)):
+      q = f'q{n}'
+      gold[q] = [] if rng.random() < 0.4 else [
+          ' '.join(rng.choices(words, k=rng.randint(1, 3))) for _ in range(rng.randint(1, 3))]
+      if rng.random() < 0.9:  # some questions have no prediction
+        preds[q] = rng.choice(['', ' '.join(rng.choices(words, k=rng.randint(1, 3)))] +
+                              gold[q])
+      na_probs[q] = round(rng.gauss(0, 2), 1)  # ties included
+    if not preds:
+      continue
+    want = _official_best_thresholds(gold, preds, na_probs)
+    got = metrics.squad_v2_best_thresholds(gold, preds, na_probs)
+    assert got.keys() == want.keys()
+    for k in want:
+      assert got[k] == pytest.approx(want[k], abs=1e-9), (seed, k)
+  # And on what squad_predictions gives: its null odds are the script's na_probs.
+  examples = squad.read_squad(squad_file(version_2=True))
+  features = squad.squad_features(examples, tokenizer, max_seq_length=64, doc_stride=16,
+                                  max_query_length=12)
+  logits = np.random.default_rng(0).normal(size=(2, len(features), 64))
+  for shift in (-3.0, 0.0, 3.0):  # the null's logits raised or lowered
+    logits[:, :, 0] += shift
+    out = squad.squad_predictions(examples, features, *logits, tokenizer,
+                                  version_2_with_negative=True)
+    gold = squad.gold_answers(examples)
+    assert metrics.squad_v2_best_thresholds(gold, out.predictions, out.null_odds) == (
+        pytest.approx(_official_best_thresholds(gold, out.predictions, out.null_odds)))
+  capsys.readouterr()  # the script's "Missing prediction" lines
+
+
+def test_squad_unaligned_answers_are_one_line_per_file_and_refused_above_a_limit(
+    squad_file, tokenizer, caplog):
+  data = _squad_json()
+  data['data'][1]['paragraphs'][0]['qas'][0]['answers'][0]['text'] = 'Korea'  # at "Japan"
+  long_answer = _FILLER.strip()  # 25 tokens: only a window starting at most 1 before it
+  data['data'][0]['paragraphs'][0]['qas'].append(
+      {'id': 'q9', 'question': 'What happened?',
+       'answers': [{'text': long_answer, 'answer_start': _CONTEXT_1.index(long_answer)}]})
+  path = squad_file(data=data)
+  examples = squad.read_squad(path)
+  kwargs = dict(max_seq_length=32, doc_stride=8, max_query_length=8, source=path)
+  summary = (f"{path}: 2 of 8 answers could not be aligned (25.00%) and were dropped: 1 whose "
+             "answer_start does not point at the answer text (e.g. q6: 'Korea' at character "
+             "4, where the context reads 'Japan'); 1 whose tokens no single window holds "
+             "(e.g. q9: 25 tokens; windows of 26 context tokens every 8)")
+  caplog.clear()
+  train = squad.squad_features(examples, tokenizer, is_training=True,
+                               max_misaligned_fraction=0.25, **kwargs)
+  assert {f.example_index for f in train} == {0, 1, 2, 3, 4, 7}  # not q9 (5), q6 (6)
+  assert [(r.levelname, r.getMessage()) for r in caplog.records] == [('WARNING', summary)]
+  caplog.clear()
+  evaluate = squad.squad_features(examples, tokenizer, max_misaligned_fraction=0.0, **kwargs)
+  assert {f.example_index for f in evaluate} == set(range(8))  # scored by text: all kept
+  assert [r.getMessage() for r in caplog.records] == [summary.replace(
+      'and were dropped', 'and were kept, since evaluation compares answer texts, not positions')]
+  with pytest.raises(ValueError) as error:
+    squad.squad_features(examples, tokenizer, is_training=True, max_misaligned_fraction=0.2,
+                         **kwargs)
+  assert str(error.value).startswith(
+      f'{path}: 2 of 8 answers could not be aligned (25.00%), more than '
+      'max_misaligned_fraction=0.2 allows: 1 whose answer_start')
+  assert str(error.value).endswith('or raise --config.data.max_misaligned_fraction')
+  caplog.clear()
+  squad.squad_features(examples[:5], tokenizer, is_training=True, max_misaligned_fraction=0.0,
+                       **kwargs)
+  assert not caplog.records  # nothing to report: no line
+
+
 # ----------------------------------------------------------------------------- TFDS
 
 
@@ -901,3 +1149,88 @@ def test_glue_test_split_to_submission_end_to_end(glue_dir, tmp_path):
   path = glue.write_glue_submission(str(tmp_path), glue.submission_name('QQP'),
                                     [e.index for e in test], [1] * len(test))
   assert open(path).read().splitlines() == ['index\tprediction', '0\t1']
+
+
+# ----------------------------------------------------------------------------- CoNLL layouts
+
+# One document in each layout: 2 columns (word TAG), CoNLL-2003 English's 4 (word POS chunk
+# NER) and CoNLL-2003 German's 5 (word lemma POS chunk NER); the NER tags are the last column.
+CONLL_LAYOUTS = {
+    2: '-DOCSTART- O\n\nEU I-ORG\nrejects O\n\nPeter B-PER\n',
+    4: '-DOCSTART- -X- -X- O\n\nEU NNP B-NP I-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n',
+    5: ('-DOCSTART- -X- -X- -X- O\n\nEU EU NNP B-NP I-ORG\nrejects reject VBZ B-VP O\n\n'
+        'Peter Peter NNP B-NP B-PER\n'),
+}
+
+
+@pytest.mark.parametrize('columns', sorted(CONLL_LAYOUTS))
+def test_conll_column_count_comes_from_the_file(tmp_path, columns):
+  path = _write(tmp_path, f'ner{columns}.txt', CONLL_LAYOUTS[columns])
+  got = conll.read_conll(path)
+  assert [s.words for s in got] == [('EU', 'rejects'), ('Peter',)]
+  assert [s.tags for s in got] == [('I-ORG', 'O'), ('B-PER',)]
+  assert got[0].pos == (('NNP', 'VBZ') if columns == 4 else None)
+  if columns == 2:
+    with pytest.raises(ValueError, match=r"ner2.txt, line 3: label_column=-3 is outside the "
+                       r"file's 2 columns"):
+      conll.read_conll(path, label_column=-3)
+  else:  # the POS tags, counted from the end or the start
+    pos = [('NNP', 'VBZ'), ('NNP',)]
+    assert [s.tags for s in conll.read_conll(path, label_column=-3)] == pos
+    assert [s.tags for s in conll.read_conll(path, label_column=columns - 3)] == pos
+  tabs = _write(tmp_path, f'tabs{columns}.tsv', CONLL_LAYOUTS[columns].replace(' ', '\t'))
+  assert conll.read_conll(tabs) == got
+
+
+def test_conll_pos_file_and_inconsistent_columns(tmp_path):
+  pos = conll.read_conll(_write(tmp_path, 'pos.txt', 'The DT\ncat NN\nsat VBD\n. .\n\nIt PRP\n'))
+  assert pos == [TaggedSentence(('The', 'cat', 'sat', '.'), ('DT', 'NN', 'VBD', '.')),
+                 TaggedSentence(('It',), ('PRP',))]
+  with pytest.raises(ValueError, match=(
+      r"pos.txt, line 4: expected 2 space-separated columns \(word TAG\), found 3: "
+      r"'New York NNP'; the file's first word line \(line 2\) sets the column count")):
+    conll.read_conll(_write(tmp_path, 'pos.txt', '\nThe DT\n\nNew York NNP\n'))
+  with pytest.raises(ValueError, match=r"de.txt, line 2: expected 5 space-separated columns "
+                     r"\(word \.\.\. TAG\), found 4"):
+    conll.read_conll(_write(tmp_path, 'de.txt', 'EU EU NNP B-NP I-ORG\nx NN I-NP O\n'))
+
+
+@pytest.mark.parametrize('labels,bio', [
+    (conll.CONLL2003_LABELS, True),
+    (('O', 'S-LOC', 'B-PER', 'E-PER'), True),  # IOBES
+    (('B-NP', 'I-NP', 'O'), True),  # chunk tags: conlleval scores chunking by chunk F1
+    (('I-ORG',), True),
+    (('DT', 'NN', 'VBZ', '.'), False),
+    (('-LRB-', 'NNP', 'PRP$'), False),
+    (('O', 'B-PER', 'NNP'), False),  # mixed: not an entity tag set
+    (('O',), False),
+])
+def test_entity_tag_sets_are_told_from_bare_ones(labels, bio):
+  assert conll.is_bio(labels) is bio
+
+
+# ----------------------------------------------------------------------------- AX beside MNLI
+
+
+def test_ax_is_found_beside_or_under_the_glue_directory(tmp_path):
+  root = tmp_path / 'glue_data'
+  mnli = str(root / 'MNLI')
+  os.makedirs(mnli)
+  with pytest.raises(FileNotFoundError, match=(
+      r'MNLI/diagnostic.tsv: no such file \(GLUE AX test; also looked for .*MNLI/AX.tsv, .*'
+      r'glue_data/AX/AX.tsv')):
+    glue.read_glue('AX', mnli, 'test')
+  _write(root, 'AX/AX.tsv', _tsv(('index', 'sentence1', 'sentence2'),
+                                 ('0', 'The cat sat on the mat.', 'The cat did not sit.'),
+                                 ('1', 'A dog barked.', 'An animal made a sound.')))
+  got = glue.read_glue('AX', mnli, 'test')  # glue_data/MNLI -> glue_data/AX/AX.tsv
+  assert [(e.text_a, e.label, e.index) for e in got] == [
+      ('The cat sat on the mat.', None, 0), ('A dog barked.', None, 1)]
+  assert glue.read_glue('AX', mnli + os.sep, 'test') == got
+  assert glue.read_glue('AX', str(root), 'test') == got  # the download's root
+  assert glue.read_glue('AX', str(root / 'AX'), 'test') == got  # its own directory
+  elsewhere = _write(tmp_path, 'diag/my_ax.tsv', _tsv(('index', 'sentence1', 'sentence2'),
+                                                      ('7', 'a', 'b')))
+  assert [e.index for e in glue.read_glue('AX', mnli, 'test', path=elsewhere)] == [7]
+  with pytest.raises(FileNotFoundError, match=r'nope.tsv: no such file \(GLUE AX test\)'):
+    glue.read_glue('AX', mnli, 'test', path=str(tmp_path / 'nope.tsv'))
