@@ -17,7 +17,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import run_control
+from bert_jax import log_filters, run_control
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_tiny.py.')
@@ -33,6 +33,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   import jax  # pylint: disable=g-import-not-at-top
   run_control.start_processes()
+  log_filters.quiet_library_info()
   with run_control.user_errors():
     result = run_mode(FLAGS.config)
   if jax.process_index() == 0:

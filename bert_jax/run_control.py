@@ -1,5 +1,6 @@
 """What stops a training loop early: a preemption notice (save, then return) and a non-finite
-loss (stop without saving, so the last checkpoint stays the last good one).
+loss (stop without saving, so the last checkpoint stays the last good one); and what must not
+stop one: a stdout or stderr whose reader has gone away.
 
 Shared by pre-training (train.py) and fine-tuning (finetune.py); kept apart from both so the
 fine-tuning entry point does not import the pre-training input pipeline (and TensorFlow).
@@ -8,9 +9,13 @@ fine-tuning entry point does not import the pre-training input pipeline (and Ten
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 
 from absl import flags, logging
+
+from bert_jax import maintenance
 
 
 class NonFiniteError(RuntimeError):
@@ -18,15 +23,21 @@ class NonFiniteError(RuntimeError):
 
 
 class PreemptionFlag:
-  """A preemption notice (SIGTERM) that every process acts on at the same step.
+  """A preemption notice (SIGTERM, or a Cloud maintenance event) that every process acts on at
+  the same point of the job.
 
-  Loops call `reached(step)` once per step, on every process, and save then return when it is
-  True. One process: our own SIGTERM handler sets a flag. Several processes: a SIGTERM may
-  reach one host only, or the hosts at different steps; a host that stopped alone would leave
-  the others waiting in the next step's collectives forever. JAX's preemption sync manager
-  (started by `jax.distributed.initialize`, which installs its own SIGTERM handler, so ours
-  must not replace it) spreads the notice through the coordination service and names the
-  step all hosts save at: the largest step any host has reached, plus one.
+  Loops call `reached()` at the points where they could stop (after every step; before an
+  eval, a test prediction or an export), on every process the same number of times, and save
+  then return when it is True. One process: our own SIGTERM handler or the maintenance
+  watcher (bert_jax/maintenance.py) sets a flag. Several processes: a notice may reach one
+  host only, or the hosts at different points; a host that stopped alone would leave the
+  others waiting in the next collective forever. JAX's preemption sync manager (started by
+  `jax.distributed.initialize`, which installs its own SIGTERM handler, so ours must not
+  replace it) spreads the notice through the coordination service and names the point all
+  hosts stop at: the largest counter any host has reached, plus one. JAX requires that
+  counter to be one monotonic sequence from a common start, so it is this object's own count
+  of `reached()` calls, not a training step (which restarts with every fine-tuning seed): one
+  flag serves a whole job.
   """
 
   def __init__(self):
@@ -34,17 +45,21 @@ class PreemptionFlag:
     self._synced = (distributed.global_state.client is not None and
                     distributed.global_state.preemption_sync_manager is not None)
     self._requested = False
+    self._calls = 0
     self._previous = None if self._synced else signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
     self._requested = True
 
-  def reached(self, step: int) -> bool:
-    """True at the step every process saves at and stops; call once per step, everywhere."""
+  def reached(self) -> bool:
+    """True at the point every process stops at; call at the same points everywhere."""
+    self._calls += 1
     if self._synced:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      self._requested = multihost_utils.reached_preemption_sync_point(step)
+      self._requested = multihost_utils.reached_preemption_sync_point(self._calls)
+    elif maintenance.notice_pending():
+      self._requested = True
     return self._requested
 
   @property
@@ -55,6 +70,7 @@ class PreemptionFlag:
   def restore(self):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
 
 
 def define_process_flags() -> None:
@@ -63,6 +79,9 @@ def define_process_flags() -> None:
   flags.DEFINE_integer('num_processes', None, 'Processes in the job (multi-host, not TPU).')
   flags.DEFINE_integer('process_id', None, 'This process (multi-host, not TPU).')
   flags.DEFINE_bool('tpu', False, 'Call jax.distributed.initialize() (Cloud TPU pods).')
+  flags.DEFINE_float('maintenance_poll_seconds', 5.0, 'How often to read the metadata '
+                     "server's maintenance event (on Cloud TPU, or when GCE_METADATA_HOST is "
+                     'set); a terminating event is a preemption notice. 0 disables.')
 
 
 def start_processes() -> None:
@@ -70,11 +89,15 @@ def start_processes() -> None:
   coordinator (local processes, GPU clusters), or Cloud TPU's own discovery; a single process
   needs neither."""
   import jax  # pylint: disable=g-import-not-at-top
+  tolerate_closed_output()
   f = flags.FLAGS
   if f.coordinator_address:
     jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
   elif f.tpu:
     jax.distributed.initialize()
+  if f.maintenance_poll_seconds > 0 and maintenance.should_watch(f.tpu):
+    maintenance.MaintenanceWatcher(maintenance.metadata_host(), f.maintenance_poll_seconds,
+                                   multi_process=jax.process_count() > 1).start()
 
 
 @contextlib.contextmanager
@@ -86,3 +109,66 @@ def user_errors():
   except (OSError, ValueError, NonFiniteError) as e:
     logging.error('%s', e)
     raise SystemExit(f'error: {e}') from None
+
+
+class ClosedReaderTolerant:
+  """stdout or stderr whose reader may go away (a closed laptop, a dropped ssh, `| head`).
+
+  Python ignores SIGPIPE, so a write to a pipe nobody reads raises BrokenPipeError: from a
+  progress line, a log line or the final result that ended a days-long run without a
+  checkpoint. On the first one this stream points its file descriptor at /dev/null, so later
+  writes (ours, C++ logging on the same descriptor, the interpreter's flush at exit) succeed,
+  and training goes on; metrics.jsonl, checkpoints and a log file written by the launcher
+  (launch/run_worker.sh sends the output to a file, not a pipe) are not affected.
+  """
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._dropped = False
+
+  def write(self, text):
+    if not self._dropped:
+      try:
+        return self._stream.write(text)
+      except BrokenPipeError:
+        self._drop()
+    return len(text)
+
+  def writelines(self, lines):
+    for line in lines:
+      self.write(line)
+
+  def flush(self):
+    if not self._dropped:
+      try:
+        self._stream.flush()
+      except BrokenPipeError:
+        self._drop()
+
+  def _drop(self):
+    try:
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      try:
+        os.dup2(devnull, self._stream.fileno())
+      finally:
+        os.close(devnull)
+      self._stream.flush()  # what the pipe refused goes to /dev/null, not into the next write
+    except (OSError, ValueError):  # no descriptor (a test's in-memory stream): drop writes here
+      self._dropped = True
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def tolerate_closed_output() -> None:
+  """Wraps sys.stdout and sys.stderr in `ClosedReaderTolerant`, once; absl's log handler, which
+  kept the stderr it found at import, writes through the wrapper too."""
+  handler = logging.get_absl_handler().python_handler
+  for name in ('stdout', 'stderr'):
+    stream = getattr(sys, name)
+    if stream is None or isinstance(stream, ClosedReaderTolerant):
+      continue
+    wrapped = ClosedReaderTolerant(stream)
+    setattr(sys, name, wrapped)
+    if handler.stream is stream:
+      handler.stream = wrapped

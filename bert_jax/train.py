@@ -2,7 +2,8 @@
 
 Resumes from the latest checkpoint in `workdir` automatically (state and data position), so a
 preempted or killed run continues exactly where it stopped. A SIGTERM (a TPU preemption
-notice) reaching any process makes every process save the same step and return normally. A
+notice) or a Cloud maintenance event (bert_jax/maintenance.py) reaching any process makes
+every process save the same step, before any eval that step would run, and return normally. A
 non-finite loss, gradient or parameter norm stops the run naming the step, without saving: the
 last checkpoint stays the last good one. The loop dispatches steps back to back (`_Loop`).
 """
@@ -90,8 +91,11 @@ def _initial_state(setup: run_setup.RunSetup):
                      'set it, or set train.init_opt_state_from=False')
   if not t.init_from:
     return setup.fresh_state()
-  # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training).
-  step, params = start_points.pretraining_params(t.init_from, setup.model_cfg)
+  # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training): relaid
+  # out to this run's layers, its shapes, vocabulary and casing checked against this run's.
+  step, params = start_points.pretraining_params(
+      t.init_from, setup.model_cfg, data=setup.config.data,
+      allow_vocab_change=t.init_from_allow_vocab_change)
   logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
                ' and optimizer moments' if with_moments else '', t.init_from, step)
   state = setup.state_from_params(params)
@@ -222,7 +226,7 @@ class _Loop:
         state, metrics = self.train_step(state, batch[0])
         step += 1
         tokens = batch[1]
-        stop = preemption.reached(step)
+        stop = preemption.reached()
         boundary = stop or self._is_boundary(step)
         if not boundary:
           batch = self._next_batch()  # read and copied while the step runs
@@ -238,7 +242,12 @@ class _Loop:
           fs.upload_dir(profile_dir, fs.join(self.workdir, 'profile',
                                              f'process_{jax.process_index()}'))
           shutil.rmtree(profile_dir, ignore_errors=True)
-        if self.eval_step and (step % t.eval_every == 0 or step == t.num_steps):
+        evaluate_now = self.eval_step is not None and (
+            step % t.eval_every == 0 or step == t.num_steps)
+        # A notice that arrived during the step is agreed on here, before an eval eats the
+        # grace period: the checkpoint comes first and the eval is skipped.
+        stop = stop or (evaluate_now and preemption.reached())
+        if evaluate_now and not stop:
           self._evaluate(state, step)
         if step % t.checkpoint_every == 0 or step == t.num_steps or stop:
           checkpointing.save(self.manager, step, state, self.train_iter, force=True)

@@ -16,7 +16,10 @@ import time
 import numpy as np
 import pytest
 
+from bert_jax import maintenance
 from input_pipeline import dataset as data_lib, tfrecord
+from metadata_server import MetadataServer
+from test_maintenance import eval_steps
 from test_train import ROOT, logged_losses, main_command, overrides, run_main
 
 STEPS = 30
@@ -39,12 +42,13 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
-def _pod(workdir, values, port=None):
+def _pod(workdir, values, port=None, env=None, extra_flags=()):
   port = port or _free_port()
   values = dict(values)
   mode = values.pop('mode', 'train')
-  flags = main_command(str(workdir), values)[3:] + [f'--mode={mode}']
-  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(port), JAX_PLATFORMS='cpu')
+  flags = main_command(str(workdir), values)[3:] + [f'--mode={mode}', *extra_flags]
+  env = dict(env or os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(port),
+             JAX_PLATFORMS='cpu')
   return subprocess.Popen(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
@@ -209,3 +213,32 @@ def test_two_processes_with_unequal_eval_shares_agree_on_the_end_and_the_metrics
   assert a['step'] == b['step'] == STEPS
   for k in ('mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy'):
     np.testing.assert_allclose(b[k], a[k], rtol=1e-5, err_msg=k)
+
+
+def test_a_maintenance_event_stops_both_hosts_at_one_agreed_step_before_a_pending_eval(
+    data, tmp_path):
+  # Both hosts watch one metadata server (as a slice's workers each watch their own); when it
+  # starts answering TERMINATE_ON_HOST_MAINTENANCE each watcher raises the notice, JAX's sync
+  # manager agrees on one step, both save it and exit 0, and that step's eval is skipped.
+  workdir = tmp_path / 'maintenance'
+  values = dict(_values(data), **{'data.eval_files': str(data / 'eval'), 'train.eval_every': 1,
+                                  'train.eval_steps': 1, 'train.num_steps': 500})
+  with MetadataServer() as server:
+    env = dict(os.environ, GCE_METADATA_HOST=server.host)
+    pod = _pod(workdir, values, env=env, extra_flags=['--maintenance_poll_seconds=0.1'])
+    _wait_for_step(workdir, 3, pod)
+    server.event = maintenance.TERMINATE
+    rc, out = _finish(pod)
+  assert rc == 0, out[-3000:]
+  saved = _saved_steps(workdir)
+  assert len(saved) == 1 and 3 <= saved[0] < 500, saved
+  for i in (0, 1):
+    log = (workdir / 'logs' / f'process_{i}.log').read_text()
+    assert f'all processes saved step {saved[0]}' in log, log[-2000:]
+    assert 'TERMINATE_ON_HOST_MAINTENANCE' in log
+  assert sorted(p for p in os.listdir(workdir / 'checkpoints' / str(saved[0]) / 'data')
+                if p.startswith('process_')) == ['process_0', 'process_1']
+  evals = eval_steps(str(workdir))
+  assert saved[0] not in evals and max(evals) == saved[0] - 1, (evals, saved)
+  print(f'maintenance event after step 3: both hosts saved step {saved[0]} (evals up to '
+        f'{max(evals)})')

@@ -59,9 +59,9 @@ def run_main(workdir, values, timeout=300, mode='train'):
                         timeout=timeout, capture_output=True, text=True)
 
 
-def start_main(workdir, values):
+def start_main(workdir, values, extra_flags=()):
   env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
-  return subprocess.Popen(main_command(workdir, values), cwd=ROOT, env=env,
+  return subprocess.Popen(main_command(workdir, values) + list(extra_flags), cwd=ROOT, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -323,3 +323,70 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
     path = export.export_workdir(workdir, str(tmp_path / 'hf'))
     _, info = transformers.BertForPreTraining.from_pretrained(path, output_loading_info=True)
     assert not info['missing_keys'] and not info['unexpected_keys']
+
+
+# ----------------------------------------------------------------------------- init_from checks
+
+
+@pytest.fixture(scope='module')
+def scanned_phase1(data, tmp_path_factory):
+  """A real 2-step pre-training run with scanned layers (the default on TPU pods)."""
+  workdir = str(tmp_path_factory.mktemp('scanned') / 'p1')
+  train.train_and_evaluate(config_with(overrides(data, steps=2, **{'model.scan_layers': True})),
+                           workdir)
+  return workdir
+
+
+def test_init_from_a_scanned_workdir_into_an_unrolled_run(data, scanned_phase1, tmp_path):
+  """Phase 1 scanned, phase 2 with model.scan_layers=False (the GPU advice): each unrolled
+  layer_i is slice i of the stacked layers, everything else equal; then it trains."""
+  config = config_with(overrides(data, steps=2, **{'model.scan_layers': False,
+                                                   'train.init_from': scanned_phase1}))
+  state = jax.device_get(train._initial_state(run_setup.from_config(config)))
+  step, saved = checkpointing.restore_params(scanned_phase1)
+  assert step == 2 and int(state.step) == 0
+  layers = saved['encoder']['layers']
+  num_layers = jax.tree_util.tree_leaves(layers)[0].shape[0]
+  assert set(state.params['encoder']) == {f'layer_{i}' for i in range(num_layers)}
+  for i in range(num_layers):
+    jax.tree_util.tree_map(lambda stacked, got, i=i: np.testing.assert_array_equal(
+        got, stacked[i]), layers, state.params['encoder'][f'layer_{i}'])
+  rest = lambda p: {k: v for k, v in p.items() if k != 'encoder'}
+  jax.tree_util.tree_map(np.testing.assert_array_equal, rest(state.params), rest(saved))
+  result = train.train_and_evaluate(config, str(tmp_path / 'p2'))
+  assert result['step'] == 2 and math.isfinite(result['train']['loss'])
+
+
+def test_init_from_another_model_size_is_a_clear_error_at_start(data, scanned_phase1, tmp_path):
+  workdir = str(tmp_path / 'p2')
+  config = config_with(overrides(data, steps=2, **{'model.size': 'mini',
+                                                   'train.init_from': scanned_phase1}))
+  with pytest.raises(ValueError, match=r'train.init_from=.*: hidden_size is 128, but the run\'s '
+                                       r'model has 256 \(\d+ leaves differ, e\.g\. embeddings\.'
+                                       r'\S+: start point \(128,\) vs run \(256,\).*'
+                                       r'--config\.model\.size'):
+    train.train_and_evaluate(config, workdir)
+  assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))  # no step ran
+  assert not checkpointing.make_manager(workdir).all_steps()
+
+
+def test_init_from_another_casing_or_vocabulary_is_a_clear_error(data, scanned_phase1, tmp_path):
+  def initial_state(**values):
+    return train._initial_state(run_setup.from_config(config_with(overrides(data, steps=2, **{
+        'train.init_from': scanned_phase1, **values}))))
+
+  flag = r'--config\.train\.init_from_allow_vocab_change=True'
+  with pytest.raises(ValueError, match=r'it is uncased \(do_lower_case=True\) but the run has '
+                                       r'data\.do_lower_case=False; set --config\.data\.'
+                                       rf'do_lower_case=True .*{flag}'):
+    initial_state(**{'data.do_lower_case': False})
+  tokens = (data / 'vocab.txt').read_text().split('\n')
+  tokens[100], tokens[101] = tokens[101], tokens[100]  # same words, two ids swapped
+  other = tmp_path / 'vocab.txt'
+  other.write_text('\n'.join(tokens))
+  with pytest.raises(ValueError, match=rf'its vocabulary {data}/vocab\.txt \(sha256 \w+\) is not '
+                                       rf'the run\'s data\.vocab_file={other} .*{flag}'):
+    initial_state(**{'data.vocab_file': str(other)})
+  state = initial_state(**{'data.vocab_file': str(other),  # a deliberate change
+                           'train.init_from_allow_vocab_change': True})
+  assert int(state.step) == 0
