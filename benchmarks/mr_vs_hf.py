@@ -26,7 +26,7 @@ Identical settings on both sides (every one of them):
   reader; HF: `AutoTokenizer` of the same directory, fast). The script checks that both give
   the same ids on every train/dev/test row and prints the count of rows that differ.
 - max length 64 ([CLS] ... [SEP], truncated), every row padded to 64 (HF: run_glue.py's
-  default `pad_to_max_length=True`; ours always pads to the static length);
+  default `pad_to_max_length=True`; ours with `data.length_buckets=1`, the static length);
 - batch 32; the last batch of an epoch has 8,057 mod 32 = 25 rows (ours: padded to 32 with
   zero-weight rows, the loss a weighted mean over the 25; HF: a batch of 25, mean loss);
 - order: epoch e's batches are `finetune.epoch_rows(seed, e, n, 32)`, i.e.
@@ -127,6 +127,7 @@ def ours_config(model_dir: str, data_file: str, seed: int, epochs: int, length: 
   c.export = False
   c.data.mr_file = data_file
   c.data.max_seq_length = length
+  c.data.length_buckets = 1  # as HF's side: every row padded to `length`
   c.train.batch_size = BATCH
   c.train.eval_batch_size = EVAL_BATCH
   c.train.num_epochs = epochs

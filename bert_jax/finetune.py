@@ -47,14 +47,15 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from bert_jax import checkpointing, finetune_step as fst, finetune_tasks, hf_heads, optim
-from bert_jax import progress, run_control, run_setup, sharding as shd, start_points
+from bert_jax import log_filters, progress, run_control, run_setup, sharding as shd
+from bert_jax import start_points
 from bert_jax.metric_writer import MetricWriter
 from input_pipeline import fs
 
 FLAGS = flags.FLAGS
 
 BASELINE_NAMES = {'classification': 'majority-class', 'regression': 'mean-prediction',
-                  'tagging': 'majority-tag', 'span': 'no-answer'}
+                  'tagging': 'majority-tag', 'span': 'no-answer', 'multiple_choice': 'chance'}
 
 
 # ----------------------------------------------------------------------------- setup
@@ -124,18 +125,41 @@ def check_batch_sizes(config, mesh) -> int:
 # ----------------------------------------------------------------------------- batches
 
 
-def take(arrays: dict, rows, keys) -> dict:
-  """Rows of `arrays` (only `keys`); row -1 is padding: a copy of row 0 with zero weight."""
+def take(arrays: dict, rows, keys, length: int | None = None) -> dict:
+  """Rows of `arrays` (only `keys`), cut to `length` tokens; row -1 is padding: a copy of row 0
+  with zero weight."""
   valid = rows >= 0
   index = np.where(valid, rows, 0)
+  full = arrays['input_ids'].shape[-1]
   out = {}
   for k in keys:
     if k in arrays:
       x = arrays[k][index]
+      if length is not None and length < full and x.ndim >= 2 and x.shape[-1] == full:
+        x = x[..., :length]  # token axes: ids, masks, tag labels and weights
       if k == 'label_weights':
         x = np.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0).astype(np.float32)
       out[k] = x
   return out
+
+
+def bucket_length(arrays: dict, rows, buckets: int) -> int:
+  """The tokens a batch of `rows` is padded to: the smallest of `buckets` evenly spaced lengths
+  (multiples of 8, the last = max_seq_length) that holds its longest row.
+
+  Padding every batch to max_seq_length costs ~4x for short inputs (POS sentences at 128);
+  padding to the longest row would compile a step per distinct length. A few fixed lengths
+  bound the compiles (one train and one predict step per bucket). `rows` are the global
+  batch's, so every process picks the same length. Real tokens come first in every row and
+  padding is masked out of attention, so the outputs at real tokens are the full-length
+  ones up to float round-off."""
+  full = arrays['input_ids'].shape[-1]
+  valid = rows[rows >= 0]
+  if buckets <= 1 or not len(valid):
+    return full
+  real = arrays['input_mask'][valid].reshape(len(valid), -1, full).sum(-1).max()
+  step = -(-full // (buckets * 8)) * 8
+  return int(min(full, max(-(-int(real) // step), 1) * step))
 
 
 def epoch_rows(seed: int, epoch: int, n: int, batch: int):
@@ -151,16 +175,27 @@ def local_rows(rows):
   return rows.reshape(jax.process_count(), -1)[jax.process_index()]
 
 
-def predict_all(predict, params, arrays: dict, batch: int, mesh) -> dict:
-  """Outputs for every row of `arrays`, in order (padding rows dropped)."""
-  n = len(arrays['input_ids'])
+def predict_all(predict, params, arrays: dict, batch: int, mesh, buckets: int = 1,
+                token_outputs: bool = False) -> dict:
+  """Outputs for every row of `arrays`, in order (padding rows dropped). Batches are cut to
+  their `bucket_length`; `token_outputs` (tagging and span logits, [batch, tokens, ...]) are
+  padded back to max_seq_length with a score no real token reaches."""
+  n, full = len(arrays['input_ids']), arrays['input_ids'].shape[-1]
   outs = []
   for first in range(0, n, batch):
     rows = np.arange(first, first + batch)
     rows[rows >= n] = -1
-    local = take(arrays, local_rows(rows), fst.MODEL_INPUTS)
-    outs.append(jax.device_get(predict(params, shd.global_batch(local, mesh))))
+    length = bucket_length(arrays, rows, buckets)
+    local = take(arrays, local_rows(rows), fst.MODEL_INPUTS, length)
+    out = jax.device_get(predict(params, shd.global_batch(local, mesh)))
+    if token_outputs and length < full:
+      out = {k: np.pad(v, [(0, 0), (0, full - length)] + [(0, 0)] * (v.ndim - 2),
+                       constant_values=NO_TOKEN_SCORE) for k, v in out.items()}
+    outs.append(out)
   return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
+
+
+NO_TOKEN_SCORE = -1e30  # logits at positions past a cut batch's length
 
 
 def host_tree(tree):
@@ -231,12 +266,19 @@ class Program:
                            self.total_steps, mesh, rules)
     self.tx, self.shardings = self.steps.tx, self.steps.shardings
     self.cfg, self.head = start.cfg, task.head
+    self.length_buckets = config.data.length_buckets
+    self.token_outputs = task.kind in (finetune_tasks.TAGGING, finetune_tasks.SPAN)
+    # Span training keeps whole rows: the reference's start/end softmax runs over every
+    # position, padding included (run_squad.py's compute_loss), so a cut row would change
+    # the loss. Predictions decode real tokens only, and are cut like every other task's.
+    self.train_buckets = 1 if task.kind == finetune_tasks.SPAN else self.length_buckets
 
   def train_step(self, state, batch):
     return self.steps.train_step(state, shd.global_batch(batch, self.mesh))
 
   def predict(self, params, arrays: dict) -> dict:
-    return predict_all(self.steps.predict, params, arrays, self.eval_batch, self.mesh)
+    return predict_all(self.steps.predict, params, arrays, self.eval_batch, self.mesh,
+                       self.length_buckets, token_outputs=self.token_outputs)
 
   def abstract_state(self):
     return checkpointing.abstract_like(self.shardings,
@@ -324,8 +366,13 @@ class SeedRun:
 
   # ------------------------------------------------------------------- the loop
 
-  def run(self) -> tuple[dict, bool]:
-    """(this seed's result, whether SIGTERM stopped it)."""
+  def run(self, preemption: run_control.PreemptionFlag) -> dict:
+    """This seed's result; `preemption.requested` tells whether a notice stopped it.
+
+    An epoch's end (dev scores, then test scores and the export when the epoch is the best)
+    is done whole or not at all: a notice agreed on before it, or between the dev and the test
+    predictions, saves the trained state at once and leaves the scoring to the resumed run,
+    which redoes it from the same state (the same scores) before training on."""
     p = self.program
     manager = self._manager()
     state = self._initial_state(manager)
@@ -333,19 +380,33 @@ class SeedRun:
     writer = MetricWriter(self.dir)
     bar = progress.progress_bar(p.total_steps, step, desc=f'seed {self.seed}', unit='step',
                                 disable=not self.is_chief)
-    preemption = run_control.PreemptionFlag()
     try:
-      while step < p.stop_step and not preemption.requested:
+      while True:
+        if self._epoch_unscored(step):
+          scored = self._end_epoch(state, step, bar, writer, preemption)
+          if manager.latest_step() != step:  # else a resumed run re-scored a saved step:
+            self._save(manager, state)  # its scores reach the next checkpoint (or are redone)
+          if not scored:
+            break
+        if step >= p.stop_step or preemption.requested:
+          break
         state, step = self._train_epoch(state, step, bar, writer, preemption, manager)
-        if step % p.steps_per_epoch == 0:  # the epoch ended (not a SIGTERM mid-epoch)
-          self._end_epoch(state, step, bar, writer)
-        self._save(manager, state)
+        if preemption.requested:
+          self._save(manager, state)
+          break
     finally:
-      preemption.restore()
       bar.close()
       manager.close()
       writer.close()
-    return self.result(step), preemption.requested
+    if preemption.requested:
+      logging.warning('preemption notice: seed %d saved step %d; run the same command to '
+                      'resume', self.seed, step)
+    return self.result(step)
+
+  def _epoch_unscored(self, step: int) -> bool:
+    """An epoch ended at `step` and its scores are not in the history yet."""
+    spe = self.program.steps_per_epoch
+    return step > 0 and step % spe == 0 and len(self.history) < step // spe
 
   def _train_epoch(self, state, step, bar, writer, preemption, manager):
     """One epoch from `step` on. Step N's metrics are read once step N+1 is dispatched, so the
@@ -357,15 +418,17 @@ class SeedRun:
     timer = Throughput()
     pending = None
     for b in range(offset, p.steps_per_epoch):
-      batch = take(self.task.train, local_rows(rows[b]), finetune_tasks.DEVICE_ARRAYS)
+      length = bucket_length(self.task.train, rows[b], p.train_buckets)
+      batch = take(self.task.train, local_rows(rows[b]), finetune_tasks.DEVICE_ARRAYS, length)
       state, metrics = p.train_step(state, batch)
       step += 1
       if pending:
         self._record(*pending, epoch, bar, writer, manager)
       pending = (step, metrics)
       timer.step(int((rows[b] >= 0).sum()))
-      if preemption.reached(step):
-        logging.warning('SIGTERM: saving seed %d at step %d and exiting', self.seed, step)
+      if preemption.reached():
+        logging.warning('preemption notice: saving seed %d at step %d and exiting', self.seed,
+                        step)
         break
     if pending:
       self._record(*pending, epoch, bar, writer, manager)
@@ -386,23 +449,29 @@ class SeedRun:
     if step % self.config.train.log_every == 0:
       writer.write(step, metrics, 'train/')
 
-  def _end_epoch(self, state, step, bar, writer) -> None:
+  def _end_epoch(self, state, step, bar, writer, preemption) -> bool:
     """Score the dev splits; if this epoch is the best so far, score the test splits, write
-    GLUE's leaderboard files and export."""
+    GLUE's leaderboard files and export. False, with nothing recorded, when a preemption
+    notice is agreed on before the dev or the test predictions: the checkpoint comes first."""
+    if preemption.reached():
+      return False
     loss_sum, loss_steps = self.epoch_loss
     record = {'epoch': step // self.program.steps_per_epoch, 'step': step,
               'train_loss': loss_sum / max(loss_steps, 1),
               'train_examples_per_second': self._throughput, 'scores': {}}
-    self.epoch_loss = [0.0, 0]
     for split in self.task.evals:
       if split.role == 'dev':
         outputs = self.program.predict(state.params, split.arrays)
         record['scores'][split.name] = self.task.score(split, outputs)
+    if preemption.reached():
+      return False
+    self.epoch_loss = [0.0, 0]
     self.history.append(record)
     if best_epoch_index(self.history, self.task.select_split.name) == len(self.history) - 1:
       self._on_best(state, record)
     writer.write(step, flat_scores(record), 'eval/')
     bar.write(self.epoch_line(record))
+    return True
 
   def _on_best(self, state, record) -> None:
     record['best'] = True
@@ -431,7 +500,8 @@ class SeedRun:
   # ------------------------------------------------------------------- reporting
 
   def epoch_line(self, record: dict) -> str:
-    """`seed 0 epoch 2: dev accuracy=0.8512 (majority-class baseline 0.5012), ...`."""
+    """`seed 0 epoch 2: dev accuracy=0.8512 (majority-class baseline 0.5012), ...`; SQuAD's
+    detail scores (EM, SQuAD 2.0's best thresholds) follow its F1's baseline."""
     parts = []
     for split in self.task.evals:
       scores = record['scores'].get(split.name)
@@ -439,7 +509,8 @@ class SeedRun:
         name = self.task.headline_name(split)
         base = self.task.baseline(split)['headline']
         parts.append(f'{split.name} {name}={fmt(scores["headline"])} '
-                     f'({BASELINE_NAMES[self.task.kind]} baseline {fmt(base)})')
+                     f'({BASELINE_NAMES[self.task.kind]} baseline {fmt(base)})'
+                     + finetune_tasks.format_details(scores))
     rate = record['train_examples_per_second']
     speed = f', {rate:.1f} examples/s' if rate else ''
     best = ' (best so far)' if record.get('best') else ''
@@ -502,20 +573,24 @@ def run(config, workdir: str) -> dict:
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first epoch
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  records = finetune_tasks.read_task(config)  # bad task data fails now, not after ~20 s of loading
   start = load_start(config)
   run_setup.warn_scanned_on_gpu(start.cfg, mesh)
-  task = build_task(config, start)
+  task = build_task(config, start, records)
   program = Program(config, task, start, mesh, rules, eval_batch)
   runs = []
-  for seed in seeds:
-    export = None
-    if config.export:
-      export = fs.join(workdir, 'hf_export', *([f'seed_{seed}'] if len(seeds) > 1 else []))
-    seed_run = SeedRun(config, workdir, task, start, seed, export, program)
-    result, preempted = seed_run.run()
-    runs.append(result)
-    if preempted:
-      break
+  preemption = run_control.PreemptionFlag()  # one for the job: its count spans every seed
+  try:
+    for seed in seeds:
+      export = None
+      if config.export:
+        export = fs.join(workdir, 'hf_export', *([f'seed_{seed}'] if len(seeds) > 1 else []))
+      seed_run = SeedRun(config, workdir, task, start, seed, export, program)
+      runs.append(seed_run.run(preemption))
+      if preemption.requested:
+        break
+  finally:
+    preemption.restore()
   results = summarize(config, task, seeds, runs)
   if jax.process_index() == 0:
     fs.write_text(fs.join(workdir, 'results.json'), json.dumps(strict_json(results), indent=2))
@@ -523,11 +598,11 @@ def run(config, workdir: str) -> dict:
   return results
 
 
-def build_task(config, start):
-  records = finetune_tasks.read_task(config)
+def build_task(config, start, records=None):
+  """The task's arrays for this start point; `records` (read_task's) when already read."""
+  records = records if records is not None else finetune_tasks.read_task(config)
   labels = finetune_tasks.reconcile_labels(records, start.head, config.init, config.fresh_head)
   task = finetune_tasks.featurize(records, labels, start.tokenizer, config.data,
-                                  do_lower_case=start.do_lower_case is not False,
                                   classifier_dropout=config.model.classifier_dropout)
   logging.info('%s: %d training rows, eval splits %s, labels %s', task.name, task.num_train,
                [f'{s.name} ({len(s.records)})' for s in task.evals], list(task.labels))
@@ -576,23 +651,28 @@ def strict_json(value):
 
 
 def markdown(results: dict) -> str:
-  """One row per seed, then the median (min-max) and the baseline, for every labelled split."""
+  """One row per seed, then the median (min-max) and the baseline, for every labelled split's
+  headline and detail scores (finetune_tasks.DETAIL_SCORES: SQuAD's EM beside its F1)."""
   splits = results['splits']
-  head = ['seed', 'best epoch'] + [f'{name} {s["headline_metric"]}' for name, s in splits.items()]
+  columns = [(name, key, s['headline_metric'] if key == 'headline' else key)
+             for name, s in splits.items() for key in
+             ('headline',) + finetune_tasks.detail_scores({**s['baseline'], **s['summary']})]
+  head = ['seed', 'best epoch'] + [f'{name} {label}' for name, _, label in columns]
   lines = [f'# {results["task"]} from {results["init"]}', '',
            f'Best epoch selected on {results["selected_on"]}.' +
            ('' if results['complete'] else ' **Incomplete run.**'), '',
            '| ' + ' | '.join(head) + ' |', '|' + ' --- |' * len(head)]
   for r in results['runs']:
-    cells = [fmt(r['scores'].get(name, {}).get('headline')) for name in splits]
+    cells = [fmt(r['scores'].get(name, {}).get(key)) for name, key, _ in columns]
     lines.append(f'| {r["seed"]} | {r["best_epoch"] or "-"} | ' + ' | '.join(cells) + ' |')
   summary = []
-  for s in splits.values():
-    h = s['summary'].get('headline')
+  for name, key, _ in columns:
+    h = splits[name]['summary'].get(key)
     summary.append(f'{fmt(h["median"])} ({fmt(h["min"])}-{fmt(h["max"])})' if h else 'n/a')
   lines.append(f'| median (min-max) of {len(results["runs"])} | | ' + ' | '.join(summary) + ' |')
   lines.append(f'| {results["baseline_kind"]} baseline | | ' +
-               ' | '.join(fmt(s['baseline']['headline']) for s in splits.values()) + ' |')
+               ' | '.join(fmt(splits[name]['baseline'].get(key)) for name, key, _ in columns)
+               + ' |')
   exports = [r['export'] for r in results['runs'] if r['export']]
   if exports:
     lines += ['', 'Exported (best epoch): ' + ', '.join(exports)]
@@ -608,6 +688,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   run_control.start_processes()
+  log_filters.quiet_library_info()
   config = FLAGS.config
   if FLAGS.init:
     config.init = FLAGS.init

@@ -230,6 +230,19 @@ def read_range(path: str, start: int, end: int) -> bytes:
     return fs.cat_file(p, start=start, end=end)
 
 
+def process_umask() -> int:
+  """This process's umask, read without changing it (os.umask can only set it, and setting it
+  twice races with other threads creating files); /proc has it on Linux."""
+  with contextlib.suppress(OSError, ValueError):
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('Umask:'):
+          return int(line.split()[1], 8)
+  umask = os.umask(0o022)
+  os.umask(umask)
+  return umask
+
+
 @contextlib.contextmanager
 def writer(path: str, mode: str = 'wb', encoding: str = 'utf-8') -> Iterator[IO]:
   """A file to write, published only when the block exits without an exception."""
@@ -243,6 +256,9 @@ def writer(path: str, mode: str = 'wb', encoding: str = 'utf-8') -> Iterator[IO]
         raise FileNotFoundError(directory)
       fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp',
                                  dir=directory)
+    # mkstemp's 0600 would survive the rename: results, configs and exports shared with a
+    # team get the mode open() would give them.
+    os.fchmod(fd, 0o666 & ~process_umask())
     try:
       with os.fdopen(fd, mode, encoding=encoding if text else None) as f:
         yield f
@@ -335,11 +351,12 @@ def publish_dir(path: str, write, *, overwrite: bool = False, last: str = 'confi
   parent = os.path.dirname(path)
   makedirs(parent)
   tmp = tempfile.mkdtemp(prefix='.publish-', dir=parent)
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
+  os.chmod(tmp, 0o777 & ~process_umask())  # mkdtemp's 0700 would hide the export from other users
   try:
     write(tmp)
+    for name in os.listdir(tmp):  # libraries that write 0600 (safetensors' save_file) too
+      if os.path.isfile(os.path.join(tmp, name)):
+        os.chmod(os.path.join(tmp, name), 0o666 & ~process_umask())
     old = None
     if os.path.exists(path):
       old = tempfile.mkdtemp(prefix='.old-', dir=parent)

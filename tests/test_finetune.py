@@ -1,11 +1,14 @@
 """The fine-tuning entry point end to end on tiny tasks a tiny random-init BERT can learn:
 classification (multi-seed, export parity with transformers), regression, CoNLL tagging,
-SQuAD, exact resume, progress lines and bad-input errors."""
+SQuAD, SWAG multiple choice, exact resume, progress lines and bad-input errors."""
 
+import collections
+import csv
 import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -17,11 +20,12 @@ import torch
 import transformers
 
 from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, run_control
-from bert_jax import start_points
+from bert_jax import metrics, start_points
 from bert_jax.model import BertConfig
 from bert_jax.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
-from input_pipeline.tokenizer import WordPieceTokenizer
+from input_pipeline import squad
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
@@ -217,6 +221,41 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
     finetune.run(generic_config(files, start_dir, **{'train.num_epochs': 4}), workdir)
 
 
+def test_a_notice_in_an_epochs_last_step_saves_before_scoring_and_the_resume_scores_it(
+    classified, start_dir, tmp_path, monkeypatch):
+  """A SIGTERM during step 12, the last of epoch 1: the state is saved at once, with no dev
+  eval, test prediction or export eating the grace period; the resumed run scores epoch 1
+  from that state and ends exactly as seed 0 of the uninterrupted run."""
+  files, _, whole = classified
+  workdir = str(tmp_path / 'run')
+  real_step, real_predict, steps, predicted = finetune.Program.train_step, \
+      finetune.Program.predict, [], []
+
+  def step_then_sigterm(self, state, batch):
+    out = real_step(self, state, batch)
+    steps.append(1)
+    if len(steps) == 12:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  def counted_predict(self, params, arrays):
+    predicted.append(1)
+    return real_predict(self, params, arrays)
+
+  monkeypatch.setattr(finetune.Program, 'train_step', step_then_sigterm)
+  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
+  stopped = finetune.run(generic_config(files, start_dir), workdir)
+  monkeypatch.undo()
+  assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
+  assert not predicted and not os.path.exists(os.path.join(workdir, 'hf_export'))
+  assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
+  resumed = finetune.run(generic_config(files, start_dir), workdir)
+  strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}
+                           for h in history]
+  assert resumed['complete']
+  assert strip(resumed['runs'][0]['history']) == strip(whole['runs'][0]['history'])
+
+
 def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
   """Metrics are read one step late (the device never waits for the host), yet a loss that
   overflows mid-epoch stops the run with the step named and nothing saved."""
@@ -395,6 +434,8 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
   assert out.returncode == 0, out.stderr[-3000:]
   assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
   assert 'seed 0: 6/6 step (100%)' in out.stderr
+  # The log is the run's own lines: none of Orbax's INFO lines about every save and restore.
+  assert 'orbax' not in out.stderr.lower() and len(out.stderr.splitlines()) < 40, out.stderr
   assert out.stdout.startswith('# generic from ') and '| majority-class baseline |' in out.stdout
   predictions = tmp_path / 'run' / 'seed_0' / 'predictions' / 'test.tsv'
   assert f'Test predictions (best epoch): {predictions}' in out.stdout
@@ -402,7 +443,8 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
   assert lines[0] == 'index\tprediction' and [line.split('\t')[0] for line in lines[1:]] == [
       '0', '1'] and {line.split('\t')[1] for line in lines[1:]} <= {'neg', 'pos'}
 
-  out = run_cli(tmp_path / 'bad', '--config=configs/finetune.py:generic', f'--init={start_dir}',
+  # Task data is checked before the start point loads: a bad file is named first.
+  out = run_cli(tmp_path / 'bad', '--config=configs/finetune.py:generic', '--init=/nope/start',
                 '--config.data.train_file=/nope/train.tsv', '--config.data.dev_file=/nope/d.tsv')
   assert out.returncode != 0
   assert 'error: /nope/train.tsv: no such file' in out.stderr
@@ -556,5 +598,311 @@ def test_squad_v2_no_answer_baseline_and_positions(start_dir, tmp_path):
   starts = task.train['start_positions']
   assert (starts[:2] == 0).all() and (starts[2:] > 0).all()  # impossible -> [CLS]
   baseline = task.baseline(task.evals[0])
-  assert baseline['exact'] == 25.0 and baseline['NoAns_exact'] == 100.0
+  assert baseline['exact'] == 0.25 and baseline['NoAns_exact'] == 1.0  # 0-1, as every task
   assert baseline['HasAns_exact'] == 0.0
+
+
+# ----------------------------------------------------------------------------- POS, AX, part of a file
+
+POS_OF = {'the': 'DT', 'a': 'DT', 'this': 'DT', 'that': 'DT', 'film': 'NN', 'plot': 'NN',
+          'actor': 'NN', 'scene': 'NN', 'story': 'NN', 'music': 'NN', 'is': 'VBZ', 'was': 'VBD',
+          'went': 'VBD', 'and': 'CC', 'it': 'PRP', 'of': 'IN', 'with': 'IN', 'very': 'RB',
+          'quite': 'RB', 'long': 'JJ', 'short': 'JJ', 'new': 'JJ', 'old': 'JJ', 'good': 'JJ',
+          'great': 'JJ', 'bad': 'JJ', 'awful': 'JJ', 'alice': 'NNP', 'bob': 'NNP',
+          'paris': 'NNP', 'rome': 'NNP', 'who': 'WP', 'to': 'TO', '?': '.', '.': '.'}
+
+
+def pos_sentences(rng, n):
+  """Sentences of `word TAG` pairs, the tag fixed by the word (Penn Treebank tags)."""
+  words = sorted(POS_OF)
+  return [[(w, POS_OF[w]) for w in rng.choices(words, k=rng.randint(3, 8))] for _ in range(n)]
+
+
+def test_pos_tags_are_scored_by_token_accuracy_against_the_majority_tag(start_dir, tmp_path):
+  """A 2-column POS file end to end: bare tags get token accuracy (no entity F1), and the
+  baseline is the majority training tag's token accuracy; max_train_examples trains on the
+  first sentences only."""
+  rng = random.Random(7)
+  data, files = {}, {}
+  for split, n in (('train', 200), ('dev', 32), ('test', 32)):
+    data[split] = pos_sentences(rng, n)
+    files[split] = tmp_path / f'{split}.pos'
+    files[split].write_text('\n\n'.join('\n'.join(f'{w} {t}' for w, t in s)
+                                        for s in data[split]) + '\n')
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('conll', start_dir, **{
+      **{f'data.{s}_file': str(p) for s, p in files.items()},
+      'data.max_train_examples': 128, 'train.num_epochs': 2, 'export': False}), workdir)
+  counts = collections.Counter(t for s in data['train'][:128] for _, t in s)
+  majority = min(counts, key=lambda t: (-counts[t], t))  # ties: the first label (sorted)
+  for split in ('dev', 'test'):
+    gold = [t for s in data[split] for _, t in s]
+    expected = gold.count(majority) / len(gold)
+    summary = results['splits'][split]
+    assert summary['headline_metric'] == 'token_accuracy'
+    assert summary['baseline'] == {'token_accuracy': pytest.approx(expected),
+                                   'headline': pytest.approx(expected)}
+    assert 0.1 < expected < 0.4
+  assert results['baseline_kind'] == 'majority-tag'
+  run = results['runs'][0]
+  assert set(run['scores']['dev']) == {'token_accuracy', 'headline'}
+  assert run['scores']['dev']['token_accuracy'] >= 0.9, run['scores']
+  assert run['scores']['test']['token_accuracy'] >= 0.9, run['scores']
+  assert run['history'][0]['step'] == 128 // 16  # the first 128 sentences, batch 16
+  md = open(os.path.join(workdir, 'results.md')).read()
+  assert 'dev token_accuracy' in md and 'entity' not in md
+
+
+def test_entity_tags_report_entity_f1_and_token_accuracy(start_dir, tmp_path):
+  path = tmp_path / 'ner.txt'
+  path.write_text('alice B-PER\nwent O\nto O\nrome B-LOC\n\nbob B-PER\nsmith I-PER\n')
+  c = config('conll', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path)})
+  records = finetune_tasks.read_task(c)
+  task = finetune_tasks.featurize(records, records.labels,
+                                  start_points.load_start_point(start_dir).tokenizer, c.data)
+  dev = task.evals[0]
+  assert task.entity_tags and task.headline_name(dev) == 'entity_f1'
+  # 5 of 6 words right; "bob smith" is cut short, so 2 of 3 entities match (P = R = 2/3).
+  got = task.score_predictions(dev, [['B-PER', 'O', 'O', 'B-LOC'], ['B-PER', 'O']])
+  assert got['token_accuracy'] == pytest.approx(5 / 6)
+  assert got['headline'] == got['f1'] == pytest.approx(2 / 3)
+
+
+def test_ax_is_found_beside_mnli_named_by_ax_file_or_warned_about(start_dir, tmp_path, caplog):
+  root = tmp_path / 'glue_data'
+  (root / 'MNLI').mkdir(parents=True)
+  names = ('contradiction', 'entailment', 'neutral')
+  for split in ('train', 'dev_matched', 'dev_mismatched'):
+    write_table(root / 'MNLI' / f'{split}.tsv', [(i, 'a film', 'the plot', names[i % 3])
+                                                  for i in range(6)],
+                ('index', 'sentence1', 'sentence2', 'gold_label'))
+  c = config('mnli', start_dir, **{'data.glue_dir': str(root / 'MNLI')})
+  with caplog.at_level('WARNING'):
+    records = finetune_tasks.read_task(c)
+  assert [s.name for s in records.splits] == ['dev_matched', 'dev_mismatched']
+  warnings = [r for r in caplog.records if r.levelname == 'WARNING' and 'AX' in r.message]
+  assert len(warnings) == 1 and 'glue_data/AX/AX.tsv' in warnings[0].message
+  assert '--config.data.ax_file' in warnings[0].message
+  (root / 'AX').mkdir()
+  write_table(root / 'AX' / 'AX.tsv', [(i, 'a film', 'the plot') for i in range(3)],
+              ('index', 'sentence1', 'sentence2'))
+  records = finetune_tasks.read_task(c)  # the sibling of glue_data/MNLI
+  ax = records.splits[-1]
+  assert (ax.name, ax.role, ax.glue_name, len(ax.records)) == ('test_ax', 'test', 'AX', 3)
+  write_table(tmp_path / 'mine.tsv', [(9, 'a', 'b')], ('index', 'sentence1', 'sentence2'))
+  c.data.ax_file = str(tmp_path / 'mine.tsv')
+  assert [e.index for e in finetune_tasks.read_task(c).splits[-1].records] == [9]
+  c.data.ax_file = str(tmp_path / 'nope.tsv')
+  with pytest.raises(FileNotFoundError, match=r'nope.tsv: no such file \(GLUE AX test\)'):
+    finetune_tasks.read_task(c)
+
+
+def test_max_train_examples_trains_on_the_first_records(start_dir, tmp_path):
+  files = classification_files(tmp_path)
+  full = finetune_tasks.read_task(generic_config(files, start_dir))
+  part = finetune_tasks.read_task(generic_config(files, start_dir,
+                                                 **{'data.max_train_examples': 10}))
+  assert len(full.train) == 192 and part.train == full.train[:10]
+  assert part.labels == full.labels and part.splits[0].records == full.splits[0].records
+  more = generic_config(files, start_dir, **{'data.max_train_examples': 500})
+  assert finetune_tasks.read_task(more).train == full.train
+  conll_file = tmp_path / 'ner.txt'
+  conll_file.write_text(conll_text(random.Random(1), 12))
+  c = config('conll', start_dir, **{'data.train_file': str(conll_file),
+                                    'data.dev_file': str(conll_file),
+                                    'data.max_train_examples': 5})
+  records = finetune_tasks.read_task(c)
+  assert records.train == records.splits[0].records[:5]  # sentences, in file order
+  with pytest.raises(ValueError, match=r'data.max_train_examples=-1: expected 0 \(all\)'):
+    finetune_tasks.read_task(generic_config(files, start_dir, **{'data.max_train_examples': -1}))
+
+
+# ----------------------------------------------------------------------------- SWAG
+
+
+def swag_csv(path, rng, n, labelled=True):
+  """SWAG's released layout (pandas' index column first); the gold ending is the one with a
+  positive word, the three others have negative ones."""
+  header = ['', 'video-id', 'fold-ind', 'startphrase', 'sent1', 'sent2', 'gold-source',
+            'ending0', 'ending1', 'ending2', 'ending3'] + (['label'] if labelled else [])
+  lines = [','.join(header)]
+  for i in range(n):
+    sent1 = ' '.join(rng.choice(FILLER) for _ in range(rng.randint(3, 6))) + ' .'
+    sent2 = rng.choice(['it', 'the actor', 'this story'])
+    gold = rng.randrange(4)
+    endings = [' '.join([rng.choice(FILLER), rng.choice(['good', 'great'] if k == gold else
+                                                       ['bad', 'awful']), rng.choice(FILLER)])
+               for k in range(4)]
+    row = [str(i), f'v{i}', str(i), f'{sent1} {sent2}', sent1, sent2, 'gold', *endings]
+    lines.append(','.join(row + ([str(gold)] if labelled else [])))
+  path.write_text('\n'.join(lines) + '\n')
+  return str(path)
+
+
+def test_swag_multiple_choice_learns_reports_chance_and_exports(start_dir, tmp_path):
+  """configs/finetune.py:swag on SWAG-layout CSVs: [N, 4, S] batches through the loop,
+  accuracy far above the 0.25 chance baseline, test.csv (no labels) predicted, and the export
+  loads in AutoModelForMultipleChoice with our logits and our dev accuracy."""
+  rng = random.Random(7)
+  files = {'train_file': swag_csv(tmp_path / 'train.csv', rng, 64),
+           'dev_file': swag_csv(tmp_path / 'val.csv', rng, 32),
+           'test_file': swag_csv(tmp_path / 'test.csv', rng, 8, labelled=False)}
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config('swag', start_dir, **{'train.num_epochs': 2, **{
+      f'data.{k}': v for k, v in files.items()}}), workdir)
+  saved = read_json(os.path.join(workdir, 'results.json'))
+  assert saved['baseline_kind'] == 'chance' and list(saved['splits']) == ['dev']
+  dev = saved['splits']['dev']
+  assert dev['headline_metric'] == 'accuracy'
+  assert dev['baseline'] == {'accuracy': 0.25, 'headline': 0.25}
+  run = saved['runs'][0]
+  assert run['scores']['dev']['accuracy'] >= 0.75, run['history']  # learnt, far above chance
+  assert '| chance baseline | | 0.2500 |' in open(os.path.join(workdir, 'results.md')).read()
+  lines = open(results['prediction_files'][0]).read().splitlines()
+  assert lines[0] == 'index\tprediction' and len(lines) == 9
+  assert {line.split('\t')[1] for line in lines[1:]} <= {'0', '1', '2', '3'}
+
+  # The export, tokenized as run_swag.py does (sent1, f'{sent2} {ending}'), flattened to
+  # [32 * 4, S] and back, gives our logits (export_matches_ours) and our dev accuracy.
+  with open(files['dev_file']) as f:
+    rows = list(csv.DictReader(f))
+  firsts = [r['sent1'] for r in rows for _ in range(4)]
+  seconds = [f'{r["sent2"]} {r[f"ending{k}"]}' for r in rows for k in range(4)]
+  enc = {k: v.reshape(len(rows), 4, -1) for k, v in encode(run['export'], firsts, seconds).items()}
+  _, out = export_matches_ours(run['export'], transformers.AutoModelForMultipleChoice, enc)
+  labels = np.array([int(r['label']) for r in rows])
+  assert np.mean(out.logits.numpy().argmax(-1) == labels) == run['scores']['dev']['accuracy']
+
+
+# ----------------------------------------------------------------------------- SQuAD reporting
+
+
+def test_squad_test_file_is_scored_and_em_f1_are_on_every_line_and_in_results_md(
+    start_dir, tmp_path, capsys):
+  rng = random.Random(7)
+  files = {}
+  for split, n in (('train', 48), ('dev', 16), ('test', 16)):
+    files[split] = tmp_path / f'{split}.json'
+    files[split].write_text(squad_json(rng, n, split))
+  workdir = tmp_path / 'run'
+  results = finetune.run(config('squad', start_dir, **{
+      'data.train_file': str(files['train']), 'data.dev_file': str(files['dev']),
+      'data.test_file': str(files['test']), 'data.max_seq_length': 48,
+      'data.max_query_length': 16, 'train.num_epochs': 2, 'export': False}), str(workdir))
+  test = results['splits']['test']
+  assert test['role'] == 'test' and test['headline_metric'] == 'f1'
+  assert test['baseline']['exact_match'] == test['baseline']['f1'] == 0.0
+  run = results['runs'][0]
+  best = run['history'][run['best_epoch'] - 1]
+  assert run['scores']['test'] == best['scores']['test']  # scored at the best epoch
+  for split in ('dev', 'test'):
+    scores = run['scores'][split]
+    assert 0 <= scores['exact_match'] <= scores['f1'] <= 1 and scores['headline'] == scores['f1']
+  # Every epoch line: F1 (the headline), its baseline, then EM; the best epoch's test too.
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith('seed 0 epoch ')]
+  assert len(lines) == 2, err[-3000:]
+  number = r'[01]\.\d{4}'
+  for line in lines:
+    assert re.search(rf'dev f1={number} \(no-answer baseline 0\.0000\) exact_match={number}',
+                     line), line
+  assert re.search(rf'test f1={number} \(no-answer baseline 0\.0000\) exact_match={number}',
+                   lines[0]), lines[0]  # epoch 1 is the best so far
+  md = (workdir / 'results.md').read_text()
+  assert ('| seed | best epoch | dev f1 | dev exact_match | test f1 | test exact_match |'
+          in md), md
+  assert '| no-answer baseline | | 0.0000 | 0.0000 | 0.0000 | 0.0000 |' in md, md
+  assert f'| 0 | {run["best_epoch"]} | {run["scores"]["dev"]["f1"]:.4f} | ' in md
+
+
+def test_squad_v2_task_decodes_with_the_tokenizers_casing_and_reports_best_thresholds(
+    start_dir, tmp_path):
+  """A cased SentencePiece model's answers keep their case through the task (no casing is
+  guessed between the tokenizer and the decoding); SQuAD 2.0 scores carry evaluate-v2.0.py's
+  best_exact / best_f1 (as fractions) and their null thresholds."""
+  sentences = ["In the final Steve Smith's bat broke .", 'Alice Brown went to Paris .',
+               'Who went to Rome ?', 'Whose bat broke ?', 'Who went to Paris ?'] * 20
+  tok = SentencePieceTokenizer.train(sentences, 80, str(tmp_path / 'sp'), lowercase=False)
+  assert tok.do_lower_case is False
+  context = "In the final Steve Smith's bat broke . Alice Brown went to Paris ."
+  qas = [('bat', 'Whose bat broke ?', 'Steve Smith'), ('paris', 'Who went to Paris ?',
+                                                         'Alice Brown'),
+         ('rome', 'Who went to Rome ?', None)]
+  data = {'data': [{'paragraphs': [{'context': context, 'qas': [
+      {'id': f'{q}{i}', 'question': question, 'is_impossible': answer is None,
+       'answers': [] if answer is None else [
+           {'text': answer, 'answer_start': context.index(answer)}]}
+      for q, question, answer in qas]} for i in range(4)]}]}
+  path = tmp_path / 'v2.json'
+  path.write_text(json.dumps(data))
+  c = config('squad_v2', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path),
+                                       'data.max_seq_length': 48, 'data.max_query_length': 16})
+  task = finetune_tasks.featurize(finetune_tasks.read_task(c), (), tok, c.data)
+  split = task.evals[0]
+  rng = np.random.default_rng(0)
+  outputs = {k: rng.normal(0, 2, (len(split.squad_features), 48))
+             for k in ('start_logits', 'end_logits')}
+  for k, f in enumerate(split.squad_features):  # gold spans (or [CLS]) well ahead of the rest
+    outputs['start_logits'][k, f.start_position] += 6
+    outputs['end_logits'][k, f.end_position] += 6
+  predictions = task.predictions(split, outputs)
+  assert predictions['bat0'] == 'Steve Smith'  # not "Steve Smith's"
+  scores = task.score(split, outputs)
+  found = squad.squad_predictions(split.records, split.squad_features, outputs['start_logits'],
+                                  outputs['end_logits'], tok, version_2_with_negative=True)
+  gold = squad.gold_answers(split.records)
+  official = metrics.squad_evaluate(gold, found.predictions, version_2=True)
+  best = metrics.squad_v2_best_thresholds(gold, found.predictions, found.null_odds)
+  assert scores['exact'] == pytest.approx(official['exact'] / 100)
+  assert scores['headline'] == scores['f1'] == pytest.approx(official['f1'] / 100)
+  for k in ('best_exact', 'best_f1'):
+    assert scores[k] == pytest.approx(best[k] / 100) and 0 <= scores[k] <= 1
+    assert scores[f'{k}_thresh'] == best[f'{k}_thresh']  # null odds: not rescaled
+  assert scores['total'] == 12 and scores['NoAns_total'] == 4
+  assert finetune_tasks.format_details(scores) == (
+      f' exact={scores["exact"]:.4f} best_f1={scores["best_f1"]:.4f} (null threshold '
+      f'{scores["best_f1_thresh"]:.4f}) best_exact={scores["best_exact"]:.4f} (null threshold '
+      f'{scores["best_exact_thresh"]:.4f})')
+
+
+def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row():
+  mask = np.zeros((4, 128), np.int32)
+  for i, n in enumerate((5, 30, 33, 100)):
+    mask[i, :n] = 1
+  arrays = {'input_ids': mask.copy(), 'input_mask': mask}
+  length = lambda rows, buckets=4: finetune.bucket_length(arrays, np.array(rows), buckets)
+  assert [length([0]), length([0, 1]), length([0, 2]), length([3, -1]), length([-1])] == [
+      32, 32, 64, 128, 128]
+  assert length([0], buckets=1) == 128 and length([0], buckets=16) == 8
+  cut = finetune.take(arrays, np.array([1, -1]), ('input_ids', 'input_mask'), 32)
+  assert cut['input_ids'].shape == (2, 32) and cut['input_mask'][0].sum() == 30
+
+
+@pytest.mark.parametrize('task', ['conll', 'squad'])
+def test_length_buckets_train_and_predict_as_full_length_rows_do(task, start_dir, tmp_path):
+  """Short rows cut to their bucket give the full-length run's losses and scores (to float
+  round-off: only padding, masked out of attention, is left out), tagging and span logits
+  included, which are padded back for decoding."""
+  rng = random.Random(5)
+  if task == 'conll':
+    files = {s: tmp_path / f'{s}.txt' for s in ('train', 'dev')}
+    for (split, path), n in zip(files.items(), (64, 32)):
+      path.write_text(conll_text(rng, n))
+  else:
+    files = {s: tmp_path / f'{s}.json' for s in ('train', 'dev')}
+    for (split, path), n in zip(files.items(), (48, 24)):
+      path.write_text(squad_json(rng, n, split))
+  values = {f'data.{s}_file': str(p) for s, p in files.items()}
+  values.update({'train.num_epochs': 1, 'export': False, 'model.hidden_dropout': 0.0,
+                 'model.attention_dropout': 0.0})
+  if task == 'squad':
+    values.update({'data.max_seq_length': 64, 'data.doc_stride': 32,  # one window each,
+                   'data.max_query_length': 16})  # rows ending well before 64
+  full = finetune.run(config(task, start_dir, **values, **{'data.length_buckets': 1}),
+                      str(tmp_path / 'full'))
+  cut = finetune.run(config(task, start_dir, **values), str(tmp_path / 'cut'))
+  a, b = full['runs'][0]['history'][0], cut['runs'][0]['history'][0]
+  np.testing.assert_allclose(b['train_loss'], a['train_loss'], rtol=1e-5)
+  for k, v in a['scores']['dev'].items():
+    if isinstance(v, float):
+      np.testing.assert_allclose(b['scores']['dev'][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
