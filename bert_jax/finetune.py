@@ -437,12 +437,7 @@ class SeedRun:
 
   def _record(self, step, metrics, epoch, bar, writer, manager) -> None:
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not math.isfinite(metrics['loss']):
-      last = manager.latest_step()
-      kept = 'no checkpoint yet' if last is None else f'the last checkpoint is step {last}'
-      raise run_control.NonFiniteError(
-          f'seed {self.seed} step {step}: loss={metrics["loss"]} is not finite; stopped '
-          f'without saving ({kept}). Lower --config.optimizer.learning_rate or check the data.')
+    run_control.check_finite(metrics, f'seed {self.seed} step {step}', manager.latest_step())
     self.epoch_loss = [self.epoch_loss[0] + metrics['loss'], self.epoch_loss[1] + 1]
     bar.update(1)
     bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)

@@ -62,7 +62,7 @@ def train_step(state: TrainState, batch, *, model, tx: optax.GradientTransformat
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {'loss': loss, 'learning_rate': schedule(state.step),
-             'grad_norm': optax.tree.norm(grads)}
+             'grad_norm': optax.tree.norm(grads), 'param_norm': optax.tree.norm(params)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

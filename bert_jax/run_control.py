@@ -9,6 +9,7 @@ fine-tuning entry point does not import the pre-training input pipeline (and Ten
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -20,6 +21,23 @@ from bert_jax import maintenance
 
 class NonFiniteError(RuntimeError):
   pass
+
+
+FINITE_METRICS = ('loss', 'grad_norm', 'param_norm')
+
+
+def check_finite(metrics: dict[str, float], where: str, last_checkpoint: int | None) -> None:
+  """The one non-finite rule of every training loop (pre-training and fine-tuning): a step
+  whose loss, gradient norm or parameter norm is not finite stops the run before anything
+  is saved, so the last checkpoint stays the last good one. A NaN gradient can leave the
+  loss finite for a step while the parameters are already ruined."""
+  if all(math.isfinite(metrics[k]) for k in FINITE_METRICS if k in metrics):
+    return
+  values = ' '.join(f'{k}={metrics[k]}' for k in FINITE_METRICS if k in metrics)
+  kept = ('no checkpoint yet' if last_checkpoint is None else
+          f'the last good checkpoint is step {last_checkpoint}')
+  raise NonFiniteError(f'{where}: {values} is not finite; stopped without saving ({kept}). '
+                       'Lower --config.optimizer.learning_rate or check the data.')
 
 
 class PreemptionFlag:

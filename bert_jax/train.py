@@ -10,7 +10,6 @@ last checkpoint stays the last good one. The loop dispatches steps back to back 
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
@@ -24,6 +23,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax import checkpointing, flops, progress, run_setup, sharding as shd, start_points
 from bert_jax.metric_writer import MetricWriter
+from bert_jax import run_control
 from bert_jax.run_control import NonFiniteError, PreemptionFlag  # callers use train.NonFiniteError
 from bert_jax import train_step as ts
 from input_pipeline import dataset as data_lib
@@ -270,12 +270,7 @@ class _Loop:
     """Read a finished step's metrics: the non-finite check, progress, the log line."""
     t, data = self.setup.config.train, self.setup.config.data
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not all(math.isfinite(metrics[k]) for k in ('loss', 'grad_norm', 'param_norm')):
-      raise NonFiniteError(
-          f'step {step}: loss={metrics["loss"]} grad_norm={metrics["grad_norm"]} '
-          f'param_norm={metrics["param_norm"]} is not finite; stopped without saving, the last '
-          f'good checkpoint is step {self.manager.latest_step()}. Lower '
-          'optimizer.learning_rate or check the data.')
+    run_control.check_finite(metrics, f'step {step}', self.manager.latest_step())
     self.window[1] += 1
     self.window[2] += tokens
     self.progress.update(1)

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -261,11 +262,36 @@ def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
   overflows mid-epoch stops the run with the step named and nothing saved."""
   files = classification_files(tmp_path)
   workdir = str(tmp_path / 'w')
-  message = r'seed 0 step \d+: loss=(nan|inf) .*\(no checkpoint yet\)'
+  # The parameters overflow a step before the loss does: the rule stops on param_norm then.
+  message = (r'seed 0 step \d+: loss=\S+ grad_norm=\S+ param_norm=\S+ is not finite; .*'
+             r'\(no checkpoint yet\)')
   with pytest.raises(run_control.NonFiniteError, match=message):
     finetune.run(generic_config(files, start_dir, **{'optimizer.learning_rate': 1e38}), workdir)
   assert not os.path.exists(checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0'))) or \
       not os.listdir(checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0')))
+
+
+def test_the_non_finite_rule_stops_on_a_nan_gradient_norm_with_a_finite_loss(
+    start_dir, tmp_path, monkeypatch):
+  """Pre-training's rule (run_control.check_finite): a step whose gradient norm is NaN stops
+  fine-tuning too, although its loss is still finite, before any checkpoint."""
+  files = classification_files(tmp_path)
+  workdir = str(tmp_path / 'w')
+  real_step = finetune.Program.train_step
+
+  def nan_gradient_at_step_3(self, state, batch):
+    state, metrics = real_step(self, state, batch)
+    if int(state.step) == 3:  # what a NaN gradient reports before it reaches the loss
+      metrics = dict(metrics, grad_norm=jax.numpy.float32('nan'))
+    return state, metrics
+
+  monkeypatch.setattr(finetune.Program, 'train_step', nan_gradient_at_step_3)
+  with pytest.raises(run_control.NonFiniteError,
+                     match=r'seed 0 step 3: loss=[0-9.]+ grad_norm=nan param_norm=[0-9.]+ is '
+                           r'not finite; stopped without saving \(no checkpoint yet\)'):
+    finetune.run(generic_config(files, start_dir), workdir)
+  ckpt = checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0'))
+  assert not os.path.exists(ckpt) or not os.listdir(ckpt)
 
 
 # ----------------------------------------------------------------------------- other tasks
@@ -483,6 +509,59 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
                              [h['train_loss'] for h in ra['history']], rtol=1e-5)
   assert rb['scores'] == ra['scores'] and rb['best_epoch'] == ra['best_epoch']
   assert ra['scores']['dev']['accuracy'] >= 0.9  # it learnt: the comparison is not vacuous
+
+
+def test_two_processes_agree_on_a_notice_that_arrives_at_the_end_of_a_seed(start_dir, tmp_path):
+  """SIGTERM to one of two processes once seed 0 has logged its last step (its final epoch
+  end, test prediction and export, or seed 1's start, still to come): one preemption counter
+  spans the seeds, so both hosts agree on a stop, save and exit 0. With a counter that
+  restarted at every seed they never agreed and ran on until killed."""
+  from test_pod import _free_port  # pylint: disable=g-import-not-at-top
+  files = classification_files(tmp_path)
+  workdir = tmp_path / 'two'
+  flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
+           f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
+           f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=1',
+           '--config.data.max_seq_length=32', '--config.train.batch_size=16',
+           '--config.train.log_every=1', '--config.seeds=2']
+  env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
+             PORT=str(_free_port()), JAX_PLATFORMS='cpu')
+  pod = subprocess.Popen(['bash', 'launch/local_pod.sh', '2', f'--workdir={workdir}', *flags],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+  try:
+    metrics, deadline = workdir / 'seed_0' / 'metrics.jsonl', time.time() + 300
+    last = 12  # 192 rows / 16
+    while not (metrics.exists() and f'"step": {last},' in metrics.read_text()):
+      assert pod.poll() is None and time.time() < deadline, pod.stdout.read()[-3000:]
+      time.sleep(0.02)
+    os.kill(_finetune_pid(workdir, 1), signal.SIGTERM)
+    out, _ = pod.communicate(timeout=300)
+  finally:
+    if pod.poll() is None:
+      os.killpg(pod.pid, signal.SIGKILL)
+  assert pod.returncode == 0, out[-3000:]
+  saved = []
+  for i in (0, 1):
+    log = (workdir / 'logs' / f'process_{i}.log').read_text()
+    found = re.findall(r'preemption notice: seed (\d+) saved step (\d+)', log)
+    assert len(found) == 1, log[-3000:]
+    saved.append(found[0])
+  assert saved[0] == saved[1], saved
+  print(f'SIGTERM to process 1 after seed 0\'s last step: both saved seed {saved[0][0]} at '
+        f'step {saved[0][1]}')
+
+
+def _finetune_pid(workdir, index) -> int:
+  want = {f'--workdir={workdir}', f'--process_id={index}', 'bert_jax.finetune'}
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        if want <= set(f.read().decode(errors='replace').split('\0')):
+          return int(pid)
+    except OSError:
+      continue
+  raise AssertionError(f'process {index} of {workdir} not found')
 
 
 # ----------------------------------------------------------------------------- bad input
