@@ -12,31 +12,62 @@ from metadata_server import MetadataServer
 from test_train import overrides, run_main, start_main, wait_for_step
 
 
-def test_the_watcher_reads_the_event_with_googles_header_and_ignores_migrations():
-  with MetadataServer('MIGRATE_ON_HOST_MAINTENANCE') as server:
-    assert maintenance.read_event(server.host) == 'MIGRATE_ON_HOST_MAINTENANCE'
+def _wait(condition, timeout=10.0):
+  deadline = time.time() + timeout
+  while not condition() and time.time() < deadline:
+    time.sleep(0.02)
+  return condition()
+
+
+@pytest.mark.parametrize('spot', [False, True])
+def test_the_watcher_reads_the_event_with_googles_header_and_ignores_migrations(spot):
+  with MetadataServer('MIGRATE_ON_HOST_MAINTENANCE', 'FALSE' if spot else None) as server:
+    assert maintenance.read_value(server.host) == 'MIGRATE_ON_HOST_MAINTENANCE'
     watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
     try:
-      deadline = time.time() + 10
-      while server.requests < 5 and time.time() < deadline:
-        time.sleep(0.02)
-      assert server.requests >= 5 and not maintenance.notice_pending()  # a migration: run on
-      server.event = maintenance.TERMINATE
-      while not maintenance.notice_pending() and time.time() < deadline:
-        time.sleep(0.02)
-      assert maintenance.notice_pending()
+      # A migration, or a spot VM not (yet) preempted: run on. Without `preempted` (404, not a
+      # spot VM) the watcher keeps reading the event.
+      assert _wait(lambda: server.requests >= 5) and not maintenance.notice_pending()
+      if spot:
+        server.preempted = 'TRUE'
+      else:
+        server.event = maintenance.TERMINATE
+      assert _wait(maintenance.notice_pending)
     finally:
       watcher.stop()
       maintenance._notice.clear()  # pylint: disable=protected-access
 
 
+def test_the_watcher_outlives_a_server_that_is_down_or_cuts_replies_off():
+  with MetadataServer() as server:
+    server.cut_off = True  # http.client.IncompleteRead: not an OSError
+    watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
+    try:
+      assert _wait(lambda: server.requests >= 3)
+      assert watcher._thread.is_alive()  # pylint: disable=protected-access
+      server.cut_off = False
+      server.event = maintenance.TERMINATE
+      assert _wait(maintenance.notice_pending)
+    finally:
+      watcher.stop()
+      maintenance._notice.clear()  # pylint: disable=protected-access
+  watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
+  try:  # the server is gone: connection refused, again and again
+    time.sleep(0.3)
+    assert watcher._thread.is_alive() and not maintenance.notice_pending()  # pylint: disable=protected-access
+  finally:
+    watcher.stop()
+
+
 def test_the_metadata_host_is_found_as_googles_libraries_find_it(monkeypatch):
-  monkeypatch.delenv('GCE_METADATA_HOST', raising=False)
-  monkeypatch.delenv('GCE_METADATA_IP', raising=False)
+  for name in maintenance.HOST_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
   assert maintenance.metadata_host() == 'metadata.google.internal'
   assert not maintenance.should_watch(on_tpu=False) and maintenance.should_watch(on_tpu=True)
   monkeypatch.setenv('GCE_METADATA_IP', '169.254.169.254')
   assert maintenance.metadata_host() == '169.254.169.254'
+  monkeypatch.setenv('GCE_METADATA_ROOT', 'old-name:80')
+  assert maintenance.metadata_host() == 'old-name:80'
   monkeypatch.setenv('GCE_METADATA_HOST', 'localhost:8080')
   assert maintenance.metadata_host() == 'localhost:8080' and maintenance.should_watch(False)
 
