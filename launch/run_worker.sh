@@ -18,7 +18,10 @@
 # fail (MaxText's multihost_job.py runs its job from a startup script, logging to a file, for
 # the same reason); the log is copied to WORKDIR/logs/<hostname>.log every LOG_EVERY seconds
 # and at the end, so every worker's log survives the worker. RUN_DIR also holds job.pid (this
-# script), pid (bert_jax.main, what --stop signals) and, once the run has ended, exit_status.
+# script), pid (bert_jax.main, what --stop signals), args (the run's arguments, NUL-separated)
+# and, once the run has ended, exit_status. --detach while a run with the same arguments is
+# going says so and exits 0: gcloud reruns the command on a worker whose ssh connection failed
+# (exit 255), and that second --detach must not fail the launch. Other arguments: exit 3.
 # A foreground run prints its log as it goes (a reader that goes away stops only the printing)
 # and turns Ctrl-C into the same agreed stop as --stop.
 #
@@ -91,11 +94,17 @@ case "${1:-}" in
     shift
     workdir_of "$@" > /dev/null || exit
     if running; then
-      echo "run_worker.sh: $host: a run is still going (pid $(cat "$run_dir/pid" 2>/dev/null));" \
-        "follow it with --follow or stop it with --stop" >&2
+      if printf '%s\0' "$@" | cmp -s - "$run_dir/args"; then
+        echo "run_worker.sh: $host: the same run is already going (pid" \
+          "$(cat "$run_dir/pid" 2>/dev/null)), log $log; nothing to start"
+        exit 0
+      fi
+      echo "run_worker.sh: $host: a run is still going (pid $(cat "$run_dir/pid" 2>/dev/null))" \
+        "with other arguments; follow it with --follow or stop it with --stop" >&2
       exit 3
     fi
-    mkdir -p "$run_dir" && rm -f "$run_dir/job.pid" "$run_dir/pid" "$run_dir/exit_status" &&
+    mkdir -p "$run_dir" &&
+      rm -f "$run_dir/job.pid" "$run_dir/pid" "$run_dir/args" "$run_dir/exit_status" &&
       : > "$log" || exit 1
     RUN_WORKER_DETACHED=1 setsid nohup bash "$0" "$@" >> "$log" 2>&1 < /dev/null &
     job=$!
@@ -115,6 +124,8 @@ if [ -z "${RUN_WORKER_DETACHED:-}" ]; then
   running && { echo "$0: a run is still going here; see --status" >&2; exit 3; }
   mkdir -p "$run_dir" && rm -f "$run_dir/pid" "$run_dir/exit_status" && : > "$log" || exit 1
 fi
+# args before job.pid: whoever sees this run going can read what it runs.
+printf '%s\0' "$@" > "$run_dir/args"
 echo $$ > "$run_dir/job.pid"
 # From here on this script writes only to the log: with nobody reading its stdout it must
 # still live to record the exit status.

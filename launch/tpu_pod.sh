@@ -9,20 +9,23 @@
 #   launch/tpu_pod.sh --tpu NAME --zone us-central2-b [--project P] [--queued] \
 #       --status | --logs | --stop
 #
-# 1. The slice, read from Cloud TPU's states: a READY TPU VM NAME is reused; a PREEMPTED,
-#    TERMINATED, SUSPENDED or FAILED one, and with --queued a FAILED or SUSPENDED queued
-#    resource NAME-qr (what a preempted spot slice leaves), is deleted and re-created; a slice
-#    on its way up is waited for. Waits (queued resource until ACTIVE, VM until READY) stop
-#    with an error on FAILED or SUSPENDED. The runtime version follows the accelerator (v2, v3,
-#    v4: tpu-ubuntu2204-base; v5litepod/v5e: v2-alpha-tpuv5-lite; v5p: v2-alpha-tpuv5; v6e:
-#    v2-alpha-tpuv6e); --version overrides it.
+# 1. The slice, read from Cloud TPU's states: a READY TPU VM NAME of the --accelerator type is
+#    reused (another type is refused); a PREEMPTED, TERMINATED, SUSPENDED or FAILED one, and
+#    with --queued a FAILED or SUSPENDED queued resource NAME-qr (what a preempted spot slice
+#    leaves), is deleted and re-created; a slice on its way up is waited for. Waits (queued
+#    resource until ACTIVE, VM until READY) stop with an error on any state that is not on its
+#    way there (FAILED, SUSPENDED, STOPPED, HIDDEN, UNKNOWN, ...). The runtime version
+#    follows the accelerator (v2, v3, v4: tpu-ubuntu2204-base; v5litepod/v5e:
+#    v2-alpha-tpuv5-lite; v5p: v2-alpha-tpuv5; v6e: v2-alpha-tpuv6e); --version overrides it.
 # 2. Copies this checkout (git HEAD) to every worker and runs launch/setup_worker.sh there.
 # 3. Starts launch/run_worker.sh --detach on every worker (--worker=all; JAX's distributed
 #    runtime finds its peers by itself on TPU): the run lives in its own session there, logging
-#    to ~/bert_jax_run/log and WORKDIR/logs/<hostname>.log.
+#    to ~/bert_jax_run/log and WORKDIR/logs/<hostname>.log. Every worker must report its start;
+#    if one does not, the script says so and stops, keeping the slice: the workers that did
+#    start wait for their peer (see them with --status, end them with --stop).
 # 4. Follows the workers' logs until every run has ended, reports their exit statuses, and
 #    then deletes the slice unless --keep. Ctrl-C or a dropped connection stops the following,
-#    never the run, and the slice stays.
+#    never the run, and the slice stays. A failed step never deletes the slice.
 # --status: the slice's state and each worker's run. --logs: follow the logs again. --stop:
 # SIGTERM to every worker's bert_jax.main (all save the same step and exit 0), then follow
 # them to their end. Neither deletes the slice. A preempted or stopped run resumes by running
@@ -82,6 +85,7 @@ where="--tpu $tpu --zone $zone${project:+ --project $project}"
 poll=${POLL_SECONDS:-30}
 finished_re='run_worker\.sh: [^ ]+: finished, exit status [0-9]+'
 ended_re="$finished_re|run_worker\\.sh: [^ ]+: ended without an exit status"
+started_re='run_worker\.sh: [^ ]+: (started bert_jax\.main|the same run is already going)'
 errors=$(mktemp)  # a describe's stderr, kept to tell NOT_FOUND from other failures
 tmp=("$errors")
 trap 'rm -f "${tmp[@]}"' EXIT
@@ -91,11 +95,11 @@ run() {  # run or (with --dry-run) print a command
 }
 die() { echo "$0: $*" >&2; exit 1; }
 
-state_of() {  # state_of node|qr: the state Cloud TPU reports, ABSENT when there is none
-  local out
+state_of() {  # state_of node|qr [FIELD]: the state Cloud TPU reports, ABSENT when there is
+  local out    # none; with FIELD (a node's), "STATE<tab>FIELD's value" from the same describe
   if [ "$1" = node ]; then
-    out=$(gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" --format='value(state)' \
-      2>"$errors")
+    out=$(gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" \
+      --format="value(state${2:+,$2})" 2>"$errors")
   else
     out=$(gcloud compute tpus queued-resources describe "$qr" "${common[@]}" \
       --format='value(state.state)' 2>"$errors")
@@ -115,13 +119,20 @@ wait_for() {  # wait_for node|qr GOAL: poll until the state is GOAL; stop on a d
   while true; do
     state=$(state_of "$kind") || state=QUERY_FAILED  # a failed query is retried
     [ "$state" = "$goal" ] && return
-    case "$goal:$state" in
-      ABSENT:*) ;;  # a deleted slice may pass through any state on its way out
-      *:FAILED|*:SUSPENDED|*:SUSPENDING|*:PREEMPTED|*:TERMINATED)
+    # Only a slice on its way up gets there by itself: any other state (STOPPED, HIDDEN,
+    # UNKNOWN, one Cloud TPU adds later) would be polled forever. A slice being deleted may
+    # pass through any state on its way out.
+    if [ "$goal" != ABSENT ] && [ "$state" != QUERY_FAILED ] && ! coming "$state"; then
+      if dead "$state"; then
         die "$name is $state, not $goal; \`gcloud compute tpus $describe --zone=$zone\` says" \
-          "why. Run this command again to delete and re-create it." ;;
-      *:ABSENT) die "$name disappeared while waiting for $goal" ;;
-    esac
+          "why. Run this command again to delete and re-create it."
+      elif [ "$state" = ABSENT ]; then
+        die "$name disappeared while waiting for $goal"
+      fi
+      die "$name is $state, not $goal, and will not get there by itself;" \
+        "\`gcloud compute tpus $describe --zone=$zone\` shows it. Start or delete it with" \
+        "gcloud, then run this command again."
+    fi
     [ "$state" = "$last" ] || echo "$name: $state (waiting for $goal)"
     last=$state
     sleep "$poll"
@@ -141,6 +152,17 @@ coming() {  # on its way up by itself
 }
 cannot() { die "$1 is $2; this script reuses READY and replaces PREEMPTED, TERMINATED," \
   "SUSPENDED or FAILED slices. Start or delete it with gcloud, then run this again."; }
+check_type() {  # check_type STATE TYPE QR_STATE: a VM this run would keep must be the type
+  dead "$1" || [ "$1" = ABSENT ] || [ "$1" = DELETING ] && return  # it is replaced anyway
+  if [ -z "$2" ]; then
+    echo "warning: TPU VM $tpu reports no acceleratorType (made with --type/--topology?);" \
+      "using it as $accelerator unchecked" >&2
+  elif [ "$2" != "$accelerator" ]; then
+    local with_qr=1; [ "$3" = ABSENT ] && with_qr=0
+    die "TPU VM $tpu is a $2 ($1), not the $accelerator asked for. Pass another --tpu name," \
+      "or delete it ($(use_qr=$with_qr delete_slice_command)) and run this again."
+  fi
+}
 
 # 1. The slice. Sets reused (a READY one was there) and use_qr (it belongs to queued resource $qr).
 create_slice() {
@@ -163,14 +185,16 @@ acquire_slice() {
     echo "+ (wait until TPU VM $tpu is READY)"
     return
   fi
-  local node qstate=ABSENT
-  node=$(state_of node) || exit 1
+  local node node_type qstate=ABSENT info
+  info=$(state_of node acceleratorType) || exit 1
+  IFS=$'\t' read -r node node_type <<< "$info"
   if [ $queued = 1 ]; then
     qstate=$(state_of qr) || exit 1
-    echo "TPU VM $tpu: $node; queued resource $qr: $qstate"
+    echo "TPU VM $tpu: $node${node_type:+ ($node_type)}; queued resource $qr: $qstate"
   else
-    echo "TPU VM $tpu: $node"
+    echo "TPU VM $tpu: $node${node_type:+ ($node_type)}"
   fi
+  check_type "$node" "$node_type" "$qstate"
   if [ "$node" = READY ] && { [ "$qstate" = ACTIVE ] || [ "$qstate" = ABSENT ]; }; then
     echo "reusing TPU VM $tpu"
     reused=1
@@ -219,15 +243,21 @@ stopped_following() {
   exit 130
 }
 
-follow() {  # follow COMMAND: run COMMAND on every worker, echo it, then report; 0 if all ended
-  local out workers finished ended status node saved
+count_workers() {  # the slice's hosts (networkEndpoints); 0 when the VM cannot be read
+  gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" \
+    --format='value(networkEndpoints[].ipAddress)' 2>/dev/null | tr ';' '\n' | grep -c . || true
+}
+
+# follow COMMAND: run COMMAND on every worker, echo it, then report; 0 if all ended. $workers is
+# counted before: a preempted VM is gone when following ends, and 0 (unknown) never counts as
+# "every worker", so nothing is deleted on a guess.
+follow() {
+  local out finished ended status node saved of
   out=$(mktemp); tmp+=("$out")
   trap stopped_following INT
   gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="$1" |
     tee "$out" || true
   trap - INT
-  workers=$(gcloud compute tpus tpu-vm describe "$tpu" "${common[@]}" \
-    --format='value(networkEndpoints[].ipAddress)' 2>/dev/null | tr ';' '\n' | grep -c . || true)
   finished=$(grep -Ec "$finished_re" "$out" || true)
   ended=$(grep -Ec "$ended_re" "$out" || true)
   if [ "$workers" -gt 0 ] && [ "$finished" -ge "$workers" ]; then
@@ -241,11 +271,13 @@ follow() {  # follow COMMAND: run COMMAND on every worker, echo it, then report;
     return "$status"
   fi
   node=$(state_of node 2>/dev/null || echo UNKNOWN)
-  if [ "$ended" -gt 0 ] && [ "$ended" -ge "$workers" ]; then
+  of=$workers
+  [ "$workers" -gt 0 ] || of="an unknown number of workers (their count could not be read)"
+  if [ "$workers" -gt 0 ] && [ "$ended" -ge "$workers" ]; then
     echo "$0: every worker's run ended, $((ended - finished)) without an exit status; the" \
       "slice is kept" >&2
   else
-    echo "$0: following stopped before every worker's run ended ($ended of $workers reported);" \
+    echo "$0: following stopped before every worker's run ended ($ended of $of reported);" \
       "the run was not stopped." >&2
   fi
   if dead "$node" || [ "$node" = ABSENT ]; then
@@ -280,9 +312,9 @@ case $action in
     exec gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" \
       --command="$(worker_cmd --status)" ;;
   logs)
-    follow "$(worker_cmd --follow 50)"; exit ;;
+    workers=$(count_workers); follow "$(worker_cmd --follow 50)"; exit ;;
   stop)
-    follow "$(worker_cmd --stop --follow)"; exit ;;
+    workers=$(count_workers); follow "$(worker_cmd --stop --follow)"; exit ;;
 esac
 
 acquire_slice
@@ -295,16 +327,49 @@ if [ $reused = 1 ]; then
   [ -z "$going" ] || die "$going"$'\n'"Follow it with $0 $where --logs, or stop it with --stop," \
     "then run this again."
 fi
+workers=1
+if [ $dry = 0 ]; then
+  workers=$(count_workers)
+  [ "$workers" -gt 0 ] || die "could not read TPU VM $tpu's workers (gcloud compute tpus tpu-vm" \
+    "describe $tpu --zone=$zone); nothing was started. Run this command again."
+fi
+step() {  # step WHAT COMMAND...: a failure names the step; nothing runs yet, the slice stays
+  local code=0
+  run "${@:2}" || code=$?
+  [ $code = 0 ] || die "$1 failed (exit $code); nothing was started. The slice is kept" \
+    "($(delete_slice_command) deletes it); run this command again."
+}
 archive=$(mktemp -t bert_jax.XXXXXX.tgz); tmp+=("$archive")
-run git archive --format=tar.gz -o "$archive" HEAD
-run gcloud compute tpus tpu-vm scp "$archive" "$tpu:bert_jax.tgz" --worker=all "${common[@]}"
-run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
+step "packing this checkout (git archive)" git archive --format=tar.gz -o "$archive" HEAD
+step "copying the checkout to every worker (scp)" \
+  gcloud compute tpus tpu-vm scp "$archive" "$tpu:bert_jax.tgz" --worker=all "${common[@]}"
+step "setting up every worker (launch/setup_worker.sh)" \
+  gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="\
 rm -rf bert_jax && mkdir bert_jax && tar xzf bert_jax.tgz -C bert_jax && cd bert_jax && \
 bash launch/setup_worker.sh"
 
-# 3. Start, detached: from here on the run needs neither this script nor the connection.
-run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" \
-  --command="$(worker_cmd --detach --tpu "$(printf '%q ' "$@")")"
+# 3. Start, detached: from here on the run needs neither this script nor the connection. Every
+# worker must say it started, or that this same run was already going (gcloud reruns the
+# command on a worker whose connection failed, up to 10 times). A worker that did not start
+# leaves the others waiting for it in jax.distributed.initialize: say so, delete nothing.
+start=$(worker_cmd --detach --tpu "$(printf '%q ' "$@")")
+if [ $dry = 1 ]; then
+  run gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="$start"
+else
+  said=$(mktemp); tmp+=("$said")
+  code=0
+  gcloud compute tpus tpu-vm ssh "$tpu" --worker=all "${common[@]}" --command="$start" |
+    tee "$said" || code=$?
+  read -ra started <<< "$(grep -Eo "$started_re" "$said" | cut -d' ' -f2 | tr -d : | sort -u |
+    paste -sd' ' || true)"
+  if [ $code != 0 ] || [ ${#started[@]} -lt "$workers" ]; then
+    die "starting the run failed: gcloud's ssh exited $code and ${#started[@]} of $workers" \
+      "workers reported a start${started[0]:+ (${started[*]})}. Workers that started wait for" \
+      "the others in jax.distributed.initialize and do not train: see them with $0 $where" \
+      "--status, end them with $0 $where --stop, then run this command again. The slice is" \
+      "kept ($(delete_slice_command) deletes it)."
+  fi
+fi
 
 # 4. Follow, report, clean up.
 if [ $dry = 1 ]; then

@@ -4,22 +4,29 @@ the script issues from a scripted sequence of Cloud TPU states, and records ever
 $FAKE_GCLOUD is a directory holding state.json:
   node, qr: the states `tpu-vm describe --format=value(state)` and `queued-resources describe
     --format=value(state.state)` answer, in order (the last one repeats); [] = NOT_FOUND.
+  accelerator: the VM's acceleratorType (`--format=value(state,acceleratorType)` answers
+    "STATE<tab>TYPE"); a create sets it from --accelerator-type.
   node_on_create, qr_on_create: the sequences a create starts (READY; WAITING_FOR_RESOURCES,
     ACTIVE); a queued resource that reports ACTIVE brings its VM up READY.
   workers: how many hosts the slice has (networkEndpoints).
   ssh: [[substring, reply(, changes)], ...]: an ssh whose --command contains substring prints
     reply once per worker ({worker} is its index; a list: one reply per worker), then applies
-    changes to the state (what happened meanwhile: {"node": ["PREEMPTED"]}); the first match
-    wins.
+    changes to the state (what happened meanwhile: {"node": ["PREEMPTED"]}; {"exit": 255}
+    makes the ssh exit 255 instead, as gcloud does once its retries are spent); the first
+    match wins.
   homes: one directory per worker: a command that no reply matches runs there (bash, with
     HOME and the working directory set to it), as on a worker; without homes it is only
     recorded.
+  drops: [[substring, n], ...]: on homes, the connection of such a command drops after it ran,
+    n times per worker; like gcloud (_AttemptSSHWithRetries: up to 10 attempts) the fake then
+    runs the command again there (gcloud waits 5 s between attempts; the fake does not).
 Like gcloud: describing or deleting what does not exist fails with NOT_FOUND, creating what
 exists with ALREADY_EXISTS, deleting a queued resource that holds a VM needs --force (which
 deletes the VM too), and ssh/scp to a VM that is not READY fail. Every call is appended to
 calls.jsonl as its argument list.
 """
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -65,6 +72,8 @@ def tpus(state, group, verb, args):
         return fail('tpu-vm.describe', 'NOT_FOUND')
       if fmt == 'value(state)':
         print(advance(state, 'node'))
+      elif fmt == 'value(state,acceleratorType)':
+        print(f'{advance(state, "node")}\t{state.get("accelerator", "")}')
       elif fmt == 'value(networkEndpoints[].ipAddress)':
         print(';'.join(f'10.0.0.{i + 2}' for i in range(state.get('workers', 1))))
       else:
@@ -74,6 +83,7 @@ def tpus(state, group, verb, args):
       if exists:
         return fail('tpu-vm.create', 'ALREADY_EXISTS')
       state['node'] = list(state.get('node_on_create', ['READY']))
+      state['accelerator'] = flag(args, 'accelerator-type')
       return 0
     if verb == 'delete':
       if not exists:
@@ -98,6 +108,7 @@ def tpus(state, group, verb, args):
       if exists:
         return fail('queued-resources.create', 'ALREADY_EXISTS')
       state['qr'] = list(state.get('qr_on_create', ['WAITING_FOR_RESOURCES', 'ACTIVE']))
+      state['accelerator'] = flag(args, 'accelerator-type')
       return 0
     if verb == 'delete':
       if not exists:
@@ -117,15 +128,30 @@ def ssh(state, command):
         text = reply[i] if isinstance(reply, list) else reply.format(worker=i)
         if text:
           print(text, flush=True)
+      code = 0
       for change in changes:
+        change = dict(change)
+        code = change.pop('exit', code)
         state.update(change)
-      return 0
+      return code
   homes = state.get('homes')
   if not homes:
     return 0
-  procs = [subprocess.Popen(['bash', '-c', command], cwd=home, env=dict(os.environ, HOME=home))
-           for home in homes]
-  return max(p.wait() for p in procs)
+  drops = sum(n for substring, n in state.get('drops', []) if substring in command)
+  with concurrent.futures.ThreadPoolExecutor(len(homes)) as pool:
+    return max(pool.map(lambda home: on_worker(home, command, drops), homes))
+
+
+def on_worker(home, command, drops):
+  """The command's exit status on one worker, through gcloud's retries of a dropped connection."""
+  for attempt in range(10):
+    code = subprocess.run(['bash', '-c', command], cwd=home,
+                          env=dict(os.environ, HOME=home)).returncode
+    if attempt >= drops:
+      return code
+    print('Retrying: SSH command error: [/usr/bin/ssh] exited with return code [255].',
+          file=sys.stderr, flush=True)
+  return 255
 
 
 def main(argv):

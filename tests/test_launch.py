@@ -159,9 +159,8 @@ def test_runtime_version_can_be_overridden_and_an_unknown_family_says_so():
 # --- Cloud TPU's states, played by tests/fake_gcloud.py; the tests read the commands it got.
 
 FINISHED = 'run_worker.sh: t1v-w-{worker}: finished, exit status 0'
-REPLIES = [['setup_worker.sh', 'ready, 3.11'],
-           ['--detach', 'run_worker.sh: t1v-w-{worker}: started bert_jax.main (pid 4242)'],
-           ['--follow', FINISHED]]
+STARTED = 'run_worker.sh: t1v-w-{worker}: started bert_jax.main (pid 4242)'
+REPLIES = [['setup_worker.sh', 'ready, 3.11'], ['--detach', STARTED], ['--follow', FINISHED]]
 
 
 class FakeCloud:
@@ -174,7 +173,7 @@ class FakeCloud:
     gcloud.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
                       f'{shlex.quote(os.path.join(ROOT, "tests", "fake_gcloud.py"))} "$@"\n')
     gcloud.chmod(0o755)
-    state = {'node': [], 'qr': [], 'workers': 2, 'ssh': REPLIES, **state}
+    state = {'node': [], 'qr': [], 'accelerator': 'v4-16', 'workers': 2, 'ssh': REPLIES, **state}
     (self.dir / 'state.json').write_text(json.dumps(state))
     (self.dir / 'calls.jsonl').write_text('')
 
@@ -182,9 +181,9 @@ class FakeCloud:
     return dict(os.environ, FAKE_GCLOUD=str(self.dir), POLL_SECONDS='0',
                 PATH=f'{self.dir / "bin"}:{os.environ["PATH"]}', **extra)
 
-  def run(self, *args, **extra_env):
+  def run(self, *args, timeout=120, **extra_env):
     return subprocess.run(['bash', 'launch/tpu_pod.sh', *args], cwd=ROOT, env=self.env(**extra_env),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
 
   def calls(self):
     return [json.loads(l) for l in (self.dir / 'calls.jsonl').read_text().splitlines()]
@@ -210,8 +209,9 @@ class FakeCloud:
 START = ('--tpu', 'bert', '--accelerator', 'v4-16', '--zone', 'us-central2-b', '--',
          '--config=configs/bert_base.py:phase1', '--workdir=gs://b/p1')
 NODE, QR = 'tpu-vm describe value(state)', 'queued-resources describe value(state.state)'
-RUN = ['tpu-vm scp', 'tpu-vm ssh setup', 'tpu-vm ssh --detach', 'tpu-vm ssh --follow',
-       'tpu-vm describe value(networkEndpoints[].ipAddress)']
+FIRST = 'tpu-vm describe value(state,acceleratorType)'  # the first look: state and type
+COUNT = 'tpu-vm describe value(networkEndpoints[].ipAddress)'  # the workers, counted before
+RUN = [COUNT, 'tpu-vm scp', 'tpu-vm ssh setup', 'tpu-vm ssh --detach', 'tpu-vm ssh --follow']
 
 
 def test_a_ready_vm_is_reused(tmp_path):
@@ -219,8 +219,8 @@ def test_a_ready_vm_is_reused(tmp_path):
   out = cloud.run(*START)
   assert out.returncode == 0, out.stderr
   assert 'reusing TPU VM bert' in out.stdout
-  assert cloud.steps() == [NODE, 'tpu-vm ssh check', *RUN, 'tpu-vm delete']
-  start = cloud.calls()[4]
+  assert cloud.steps() == [FIRST, 'tpu-vm ssh check', *RUN, 'tpu-vm delete']
+  start = cloud.calls()[5]
   assert start[:6] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'bert', '--worker=all']
   assert start[-1] == ('--command=cd bert_jax && bash launch/run_worker.sh --detach --tpu '
                        '--config=configs/bert_base.py:phase1 --workdir=gs://b/p1 ')
@@ -232,11 +232,11 @@ def test_a_dead_vm_is_deleted_and_created_again(tmp_path, dead):
   cloud = FakeCloud(tmp_path, node=[dead], node_on_create=['CREATING', 'READY'])
   out = cloud.run(*START)
   assert out.returncode == 0, out.stderr
-  assert cloud.steps() == [NODE, 'tpu-vm delete', NODE, 'tpu-vm create', NODE, NODE, *RUN,
+  assert cloud.steps() == [FIRST, 'tpu-vm delete', NODE, 'tpu-vm create', NODE, NODE, *RUN,
                            'tpu-vm delete']
   assert cloud.calls()[1] == ['compute', 'tpus', 'tpu-vm', 'delete', 'bert',
                               '--zone=us-central2-b', '--quiet']
-  assert cloud.calls()[0][-1] == '--format=value(state)'
+  assert cloud.calls()[0][-1] == '--format=value(state,acceleratorType)'
   assert 'TPU VM bert: CREATING (waiting for READY)' in out.stdout
 
 
@@ -246,7 +246,7 @@ def test_a_preempted_spot_slice_with_its_suspended_queued_resource_is_replaced(t
   cloud = FakeCloud(tmp_path, node=['PREEMPTED'], qr=['SUSPENDED'])
   out = cloud.run('--queued', '--spot', *START)
   assert out.returncode == 0, out.stderr
-  assert cloud.steps() == [NODE, QR, 'queued-resources delete', QR, NODE,
+  assert cloud.steps() == [FIRST, QR, 'queued-resources delete', QR, NODE,
                            'queued-resources create', QR, QR, NODE, *RUN, 'queued-resources delete']
   calls = cloud.calls()
   assert calls[2] == ['compute', 'tpus', 'queued-resources', 'delete', 'bert-qr',
@@ -261,7 +261,7 @@ def test_a_leftover_failed_queued_resource_does_not_block_create(tmp_path):
   cloud = FakeCloud(tmp_path, qr=['FAILED'])
   out = cloud.run('--queued', *START)
   assert out.returncode == 0, out.stderr
-  assert cloud.steps()[:6] == [NODE, QR, 'queued-resources delete', QR, NODE,
+  assert cloud.steps()[:6] == [FIRST, QR, 'queued-resources delete', QR, NODE,
                                'queued-resources create']
   assert 'ALREADY_EXISTS' not in out.stderr
 
@@ -270,7 +270,7 @@ def test_a_queued_resource_still_waiting_is_waited_for_not_created_twice(tmp_pat
   cloud = FakeCloud(tmp_path, qr=['WAITING_FOR_RESOURCES', 'PROVISIONING', 'ACTIVE'])
   out = cloud.run('--queued', *START)
   assert out.returncode == 0, out.stderr
-  assert cloud.steps() == [NODE, QR, QR, QR, NODE, *RUN, 'queued-resources delete']
+  assert cloud.steps() == [FIRST, QR, QR, QR, NODE, *RUN, 'queued-resources delete']
 
 
 @pytest.mark.parametrize('end', ['FAILED', 'SUSPENDED'])
@@ -281,7 +281,7 @@ def test_a_queued_resource_that_fails_while_waited_for_ends_the_wait(tmp_path, e
   assert (f'queued resource bert-qr is {end}, not ACTIVE; `gcloud compute tpus queued-resources '
           'describe bert-qr --zone=us-central2-b` says why. Run this command again to delete '
           'and re-create it.') in out.stderr
-  assert cloud.steps() == [NODE, QR, 'queued-resources create', QR, QR, QR]
+  assert cloud.steps() == [FIRST, QR, 'queued-resources create', QR, QR, QR]
 
 
 @pytest.mark.parametrize('end', ['PREEMPTED', 'FAILED'])
@@ -290,14 +290,14 @@ def test_a_vm_that_fails_while_waited_for_ends_the_wait(tmp_path, end):
   out = cloud.run(*START)
   assert out.returncode == 1
   assert f'TPU VM bert is {end}, not READY' in out.stderr
-  assert cloud.steps() == [NODE, 'tpu-vm create', NODE, NODE]
+  assert cloud.steps() == [FIRST, 'tpu-vm create', NODE, NODE]
 
 
 def test_a_state_the_script_does_not_handle_is_a_clear_error(tmp_path):
   cloud = FakeCloud(tmp_path, node=['STOPPED'])
   out = cloud.run(*START)
   assert out.returncode == 1 and 'TPU VM bert is STOPPED' in out.stderr
-  assert cloud.steps() == [NODE]
+  assert cloud.steps() == [FIRST]
 
 
 def test_a_run_still_going_on_a_reused_vm_is_not_overwritten(tmp_path):
@@ -306,7 +306,7 @@ def test_a_run_still_going_on_a_reused_vm_is_not_overwritten(tmp_path):
   out = cloud.run(*START)
   assert out.returncode == 1
   assert 't1v-w-0: a run is still going' in out.stderr and '--logs' in out.stderr
-  assert cloud.steps() == [NODE, 'tpu-vm ssh check']
+  assert cloud.steps() == [FIRST, 'tpu-vm ssh check']
 
 
 def test_following_that_ends_early_keeps_the_slice_and_the_run(tmp_path):
@@ -328,7 +328,7 @@ def test_a_preempted_slice_seen_after_following_says_run_again(tmp_path):
   out = cloud.run(*START)
   assert out.returncode == 1
   assert 'TPU VM bert is PREEMPTED: run the first command again' in out.stderr
-  assert cloud.steps()[-2:] == ['tpu-vm describe value(networkEndpoints[].ipAddress)', NODE]
+  assert cloud.steps()[-2:] == ['tpu-vm ssh --follow', NODE]
 
 
 def test_a_failed_worker_is_reported_and_the_finished_slice_deleted(tmp_path):
@@ -360,6 +360,82 @@ def test_status_logs_and_stop_reach_every_worker(tmp_path):
       '--command=cd bert_jax && bash launch/run_worker.sh --stop --follow']
   assert all(c[4:8] == ['bert', '--worker=all', '--zone=z', '--project=p'] for c in ssh)
   assert 'delete' not in ' '.join(cloud.steps())  # only the launch deletes, once all ended
+
+
+@pytest.mark.parametrize('node,queued,delete', [
+    ('READY', (), 'tpu-vm delete bert'), ('CREATING', (), 'tpu-vm delete bert'),
+    ('READY', ('--queued',), 'queued-resources delete bert-qr')])
+def test_a_vm_of_another_type_is_refused_not_reused(tmp_path, node, queued, delete):
+  cloud = FakeCloud(tmp_path, node=[node], qr=['ACTIVE'] if queued else [], accelerator='v4-32')
+  out = cloud.run(*queued, *START)  # START asks for a v4-16
+  assert out.returncode == 1
+  assert f'TPU VM bert is a v4-32 ({node}), not the v4-16 asked for' in out.stderr
+  assert 'another --tpu name' in out.stderr and f'gcloud compute tpus {delete}' in out.stderr
+  assert cloud.steps() == ([FIRST, QR] if queued else [FIRST])
+
+
+@pytest.mark.parametrize('kind,end', [
+    ('node', 'STOPPED'), ('node', 'STOPPING'), ('node', 'HIDDEN'), ('node', 'HIDING'),
+    ('node', 'UNHIDING'), ('node', 'UNKNOWN'), ('qr', 'DELETING')])
+def test_a_wait_ends_on_any_state_that_is_not_on_its_way_up(tmp_path, kind, end):
+  # Unhandled, these states were polled forever; the short timeout turns that into a failure.
+  if kind == 'node':
+    cloud = FakeCloud(tmp_path, node_on_create=['CREATING', end])
+    out = cloud.run(*START, timeout=30)
+    name, goal, last = 'TPU VM bert', 'READY', NODE
+  else:
+    cloud = FakeCloud(tmp_path, qr_on_create=['ACCEPTED', end])
+    out = cloud.run('--queued', *START, timeout=30)
+    name, goal, last = 'queued resource bert-qr', 'ACTIVE', QR
+  assert out.returncode == 1
+  assert f'{name} is {end}, not {goal}, and will not get there by itself' in out.stderr
+  assert 'Start or delete it with gcloud, then run this command again' in out.stderr
+  assert cloud.steps()[-2:] == [last, last]
+
+
+@pytest.mark.parametrize('code', [255, 0])
+def test_a_start_that_fails_on_a_worker_says_so_and_keeps_the_slice(tmp_path, code):
+  # Worker 0's run started and waits for worker 1 in jax.distributed.initialize; worker 1 did
+  # not start: gcloud gave up on its connection (255), or its command said so and gcloud's
+  # exit status did not (0). Nothing may follow, and nothing may be deleted.
+  cloud = FakeCloud(tmp_path, node=['READY'], ssh=[
+      REPLIES[0],
+      ['--detach', [STARTED.format(worker=0), 'run_worker.sh: t1v-w-1: the run did not start'],
+       {'exit': code}],
+      REPLIES[2]])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert f"starting the run failed: gcloud's ssh exited {code} and 1 of 2 workers reported a " \
+      'start (t1v-w-0)' in out.stderr
+  assert 'jax.distributed.initialize' in out.stderr
+  assert '--tpu bert --zone us-central2-b --status' in out.stderr and '--stop' in out.stderr
+  assert 'The slice is kept (gcloud compute tpus tpu-vm delete bert' in out.stderr
+  assert cloud.steps()[-1] == 'tpu-vm ssh --detach'
+
+
+def test_a_failed_copy_names_its_step_and_keeps_the_slice(tmp_path):
+  cloud = FakeCloud(tmp_path, node=['READY'], ssh=[
+      ['setup_worker.sh', 'no space left on device', {'exit': 1}]] + REPLIES[1:])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert 'setting up every worker (launch/setup_worker.sh) failed (exit 1); nothing was' \
+      ' started. The slice is kept' in out.stderr
+  assert cloud.steps()[-1] == 'tpu-vm ssh setup'
+
+
+def test_a_vm_gone_when_following_ends_is_not_every_run_ending(tmp_path):
+  # A spot preemption while followed: one worker's run was killed mid-step, the other worker
+  # said nothing, and the VM is gone (NOT_FOUND) when the follow's ssh ends. Counted then, the
+  # workers were 0, and 1 ended run passed for "every worker's run ended".
+  killed = 'run_worker.sh: t1v-w-0: ended without an exit status (killed, or the worker restarted)'
+  cloud = FakeCloud(tmp_path, ssh=REPLIES[:2] + [['--follow', [killed, ''], {'node': []}]])
+  out = cloud.run(*START)
+  assert out.returncode == 1
+  assert "following stopped before every worker's run ended (1 of 2 reported)" in out.stderr
+  assert "every worker's run ended," not in out.stderr
+  assert 'TPU VM bert is ABSENT: run the first command again' in out.stderr
+  assert cloud.steps().index(COUNT) < cloud.steps().index('tpu-vm ssh --detach')
+  assert 'delete' not in ' '.join(cloud.steps())
 
 
 # --- Real runs: a run that needs no reader, and no launcher.
@@ -468,7 +544,7 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
   home = tmp_path / 'worker'
   home.mkdir()
   os.symlink(ROOT, home / 'bert_jax')
-  cloud = FakeCloud(tmp_path, node=['READY'], workers=1, homes=[str(home)],
+  cloud = FakeCloud(tmp_path, node=['READY'], accelerator='v4-8', workers=1, homes=[str(home)],
                     ssh=[['setup_worker.sh', 'ready, 3.11']])
   workdir = str(tmp_path / 'run')
   env = one_process_cluster_env()
@@ -509,3 +585,50 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
     assert not os.path.exists(f'/proc/{pid}')
   finally:
     kill_detached_run(home / 'bert_jax_run')
+
+
+def test_gcloud_rerunning_a_start_finds_the_same_run_going_and_the_launch_goes_on(tmp_path):
+  # gcloud runs a command again on a worker whose ssh connection dropped (exit 255), here after
+  # the first --detach had started the run. The second --detach must not fail the launch. The
+  # run itself is real and quick: bert_jax.main stops at its missing training files.
+  home = tmp_path / 'worker'
+  home.mkdir()
+  os.symlink(ROOT, home / 'bert_jax')
+  cloud = FakeCloud(tmp_path, node=['READY'], workers=1, homes=[str(home)],
+                    ssh=[['setup_worker.sh', 'ready, 3.11']], drops=[['--detach', 1]])
+  workdir = tmp_path / 'run'
+  try:
+    out = cloud.run('--tpu', 'bert', '--accelerator', 'v4-16', '--zone', 'z', '--',
+                    '--config=configs/bert_tiny.py', f'--workdir={workdir}',
+                    f'--config.data.train_files={tmp_path}/no-*', timeout=300,
+                    **one_process_cluster_env())
+  finally:
+    kill_detached_run(home / 'bert_jax_run')
+  host = socket.gethostname()
+  assert f'run_worker.sh: {host}: started bert_jax.main' in out.stdout, out.stderr
+  assert f'run_worker.sh: {host}: the same run is already going' in out.stdout, out.stderr
+  assert 'Retrying: SSH command error' in out.stderr
+  assert 'the run ended on all 1 workers; highest exit status 1' in out.stdout, out.stderr
+  assert out.returncode == 1  # bert_jax.main's own status
+  assert 'no such file' in (workdir / 'logs' / f'{host}.log').read_text()
+  assert cloud.steps().count('tpu-vm ssh --detach') == 1 and cloud.steps()[-1] == 'tpu-vm delete'
+
+
+def test_detach_over_a_run_with_other_arguments_refuses(data, tmp_path):
+  run_dir = tmp_path / 'bert_jax_run'
+  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu', XLA_FLAGS='',
+             RUN_DIR=str(run_dir))
+  flags = training_flags(data, tmp_path / 'run', 100_000)
+
+  def detach(*args):
+    return subprocess.run(['bash', 'launch/run_worker.sh', '--detach', *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+  try:
+    assert detach(*flags).returncode == 0
+    again = detach(*flags)
+    assert again.returncode == 0 and 'the same run is already going' in again.stdout
+    other = detach(*flags[:-1], '--config.optimizer.warmup_steps=6')
+    assert other.returncode == 3
+    assert 'a run is still going' in other.stderr and 'with other arguments' in other.stderr
+  finally:
+    kill_detached_run(run_dir)
