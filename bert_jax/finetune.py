@@ -12,8 +12,9 @@ mesh, sharding rules, optimizer code and Orbax checkpoints as pre-training.
 
 Each seed trains in `<workdir>/seed_<s>/` (checkpoints/, metrics.jsonl, tensorboard/, GLUE
 leaderboard files in glue_submission/, other unlabelled test splits' predictions in
-predictions/). Checkpoints are written at every epoch end (and on
-SIGTERM, at the next step); the batches of an epoch are a permutation drawn from (seed,
+predictions/). Checkpoints are written at every epoch end (and on a preemption notice, at
+the next step; a notice pending at an epoch end saves before the scoring, which the resumed
+run redoes from the same state); the batches of an epoch are a permutation drawn from (seed,
 epoch) and dropout keys from the step, so a restarted command continues exactly where the
 last checkpoint left off. Every epoch is scored on the dev split(s); the best epoch so far
 (first dev split's headline metric) is scored on a labelled test split and exported at once,
@@ -54,6 +55,8 @@ from input_pipeline import fs
 
 FLAGS = flags.FLAGS
 
+# A checkpoint's progress item: 2 = every score on a 0-1 scale (SQuAD's were percentages).
+SCORES_VERSION = 2
 BASELINE_NAMES = {'classification': 'majority-class', 'regression': 'mean-prediction',
                   'tagging': 'majority-tag', 'span': 'no-answer', 'multiple_choice': 'chance'}
 
@@ -119,6 +122,9 @@ def check_batch_sizes(config, mesh) -> int:
                      '--config.train.batch_size or --config.mesh')
   if t.num_epochs < 1:
     raise ValueError(f'train.num_epochs={t.num_epochs}: need at least 1')
+  if t.stop_after_epoch < 0:
+    raise ValueError(f'train.stop_after_epoch={t.stop_after_epoch}: expected 0 (all epochs) or '
+                     'the epoch to stop after')
   return -(-max(t.eval_batch_size, 1) // multiple) * multiple
 
 
@@ -151,8 +157,9 @@ def bucket_length(arrays: dict, rows, buckets: int) -> int:
   padding to the longest row would compile a step per distinct length. A few fixed lengths
   bound the compiles (one train and one predict step per bucket). `rows` are the global
   batch's, so every process picks the same length. Real tokens come first in every row and
-  padding is masked out of attention, so the outputs at real tokens are the full-length
-  ones up to float round-off."""
+  padding is masked out of attention, so without dropout the outputs at real tokens are the
+  full-length ones up to float round-off (dropout draws its masks per shape: other masks,
+  the same distribution)."""
   full = arrays['input_ids'].shape[-1]
   valid = rows[rows >= 0]
   if buckets <= 1 or not len(valid):
@@ -175,6 +182,9 @@ def local_rows(rows):
   return rows.reshape(jax.process_count(), -1)[jax.process_index()]
 
 
+NO_TOKEN_SCORE = -1e30  # logits at positions past a cut batch's length
+
+
 def predict_all(predict, params, arrays: dict, batch: int, mesh, buckets: int = 1,
                 token_outputs: bool = False) -> dict:
   """Outputs for every row of `arrays`, in order (padding rows dropped). Batches are cut to
@@ -193,9 +203,6 @@ def predict_all(predict, params, arrays: dict, batch: int, mesh, buckets: int = 
                        constant_values=NO_TOKEN_SCORE) for k, v in out.items()}
     outs.append(out)
   return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
-
-
-NO_TOKEN_SCORE = -1e30  # logits at positions past a cut batch's length
 
 
 def host_tree(tree):
@@ -312,7 +319,25 @@ class SeedRun:
 
   def _progress_item(self) -> dict:
     return {'history': self.history, 'epoch_loss': self.epoch_loss,
-            'prediction_files': self.prediction_files, 'geometry': self._geometry()}
+            'prediction_files': self.prediction_files, 'geometry': self._geometry(),
+            'scores_version': SCORES_VERSION}
+
+  @property
+  def _rescored_path(self) -> str:
+    return fs.join(self.dir, 'rescored.json')
+
+  def _write_rescored(self, step: int) -> None:
+    """The scores of an epoch end re-done at an already saved step (Orbax keeps one
+    checkpoint per step): kept beside it, so later runs do not score it again."""
+    if self.is_chief:
+      fs.write_text(self._rescored_path,
+                    json.dumps({'step': step, 'progress': strict_json(self._progress_item())}))
+
+  def _read_rescored(self, step: int) -> dict | None:
+    if not fs.exists(self._rescored_path):
+      return None
+    saved = json.loads(fs.read_text(self._rescored_path))
+    return saved['progress'] if saved['step'] == step else None
 
   def _geometry(self) -> dict:
     """What a checkpoint's step means: a resumed run must agree, or its batches and
@@ -349,8 +374,14 @@ class SeedRun:
           'or fine-tune into a new workdir.')
       restored = manager.restore(latest, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), progress=ocp.args.JsonRestore()))
-      saved = restored['progress']
+      saved = self._read_rescored(latest) or restored['progress']
       self._check_geometry(saved['geometry'])
+      if (saved.get('scores_version') != SCORES_VERSION and saved['history'] and
+          self.task.kind == finetune_tasks.SPAN):
+        raise ValueError(
+            f'{self.dir}: its checkpoint was written when SQuAD scores were percentages (they '
+            'are 0-1 now, like every task\'s), so its best epoch could not be compared with '
+            'new ones; fine-tune into a new --workdir')
       self.history, self.epoch_loss = saved['history'], list(saved['epoch_loss'])
       self.prediction_files = list(saved['prediction_files'])
       logging.info('seed %d: resumed from step %d (%d epochs done)', self.seed, latest,
@@ -384,8 +415,10 @@ class SeedRun:
       while True:
         if self._epoch_unscored(step):
           scored = self._end_epoch(state, step, bar, writer, preemption)
-          if manager.latest_step() != step:  # else a resumed run re-scored a saved step:
-            self._save(manager, state)  # its scores reach the next checkpoint (or are redone)
+          if manager.latest_step() != step:
+            self._save(manager, state)
+          elif scored:  # a resumed run re-scored a saved step
+            self._write_rescored(step)
           if not scored:
             break
         if step >= p.stop_step or preemption.requested:
@@ -515,7 +548,8 @@ class SeedRun:
   def result(self, step: int) -> dict:
     best = best_epoch_index(self.history, self.task.select_split.name)
     out = {'seed': self.seed, 'epochs_done': len(self.history), 'step': step,
-           'complete': step >= self.program.total_steps, 'best_epoch': None, 'scores': {},
+           'complete': step >= self.program.total_steps and not self._epoch_unscored(step),
+           'best_epoch': None, 'scores': {},
            'history': self.history, 'export': None,
            'prediction_files': self.prediction_files}
     if best is not None:

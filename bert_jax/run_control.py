@@ -9,6 +9,7 @@ fine-tuning entry point does not import the pre-training input pipeline (and Ten
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -40,6 +41,9 @@ def check_finite(metrics: dict[str, float], where: str, last_checkpoint: int | N
                        'Lower --config.optimizer.learning_rate or check the data.')
 
 
+_SYNC_POINT_CALLS = itertools.count(1)  # PreemptionFlag.reached calls in this process
+
+
 class PreemptionFlag:
   """A preemption notice (SIGTERM, or a Cloud maintenance event) that every process acts on at
   the same point of the job.
@@ -53,9 +57,9 @@ class PreemptionFlag:
   `jax.distributed.initialize`, which installs its own SIGTERM handler, so ours must not
   replace it) spreads the notice through the coordination service and names the point all
   hosts stop at: the largest counter any host has reached, plus one. JAX requires that
-  counter to be one monotonic sequence from a common start, so it is this object's own count
-  of `reached()` calls, not a training step (which restarts with every fine-tuning seed): one
-  flag serves a whole job.
+  counter to be one monotonic sequence from a common start, so it is the process's count of
+  `reached()` calls (every flag of the process continues it: a notebook that fine-tunes twice
+  in one job too), not a training step, which restarts with every fine-tuning seed.
   """
 
   def __init__(self):
@@ -63,7 +67,6 @@ class PreemptionFlag:
     self._synced = (distributed.global_state.client is not None and
                     distributed.global_state.preemption_sync_manager is not None)
     self._requested = False
-    self._calls = 0
     self._previous = None if self._synced else signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
@@ -72,10 +75,10 @@ class PreemptionFlag:
 
   def reached(self) -> bool:
     """True at the point every process stops at; call at the same points everywhere."""
-    self._calls += 1
+    calls = next(_SYNC_POINT_CALLS)
     if self._synced:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      self._requested = multihost_utils.reached_preemption_sync_point(self._calls)
+      self._requested = multihost_utils.reached_preemption_sync_point(calls)
     elif maintenance.notice_pending():
       self._requested = True
     return self._requested

@@ -53,7 +53,8 @@ def read_swag(path: str, *, labelled: bool | None = None) -> list[ChoiceExample]
   """The examples of a SWAG-layout CSV file.
 
   `labelled=True` requires the `label` column (train and dev files), False ignores it, None
-  reads it when the header has one (a test file). A label must be a choice number
+  reads it when the header has one (a test file), where an empty label or -1 (as HF
+  `datasets` exports SWAG's test split) means unlabelled. A label must be a choice number
   0 .. num_choices - 1.
   """
   records = tasks._csv_fields(path)  # pylint: disable=protected-access
@@ -72,12 +73,17 @@ def read_swag(path: str, *, labelled: bool | None = None) -> list[ChoiceExample]
       raise data_error(path, line, None, f'expected {len(header)} comma-separated columns (as '
                        f'the header has), found {len(fields)}; fix the row\'s quoting')
     row = dict(zip(header, fields))
-    label = _label(row[LABEL], len(endings), path, line) if has_label else None
+    unlabelled = labelled is None and row.get(LABEL, '').strip() in ('', '-1')
+    label = _label(row[LABEL], len(endings), path, line) if has_label and not unlabelled else None
     guid = (f'{row["video-id"]}-{row["fold-ind"]}' if row.get('video-id') and row.get('fold-ind')
             else f'{os.path.basename(path)}-{n}')
     examples.append(ChoiceExample(
         guid=guid, context=row[CONTEXT],
         choices=tuple(f'{row[ENDING_START]} {row[e]}' for e in endings), label=label, index=n))
+  if len({e.label is None for e in examples}) > 1:
+    first = next(e for e in examples if e.label is None)
+    raise data_error(path, None, LABEL, f'some rows are labelled and some are not (e.g. row '
+                     f'{first.index + 1}); label every row, or none (-1 or empty)')
   return tasks.require_examples(examples, path)
 
 

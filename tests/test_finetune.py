@@ -271,6 +271,45 @@ def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
       not os.listdir(checkpointing.checkpoint_dir(os.path.join(workdir, 'seed_0')))
 
 
+def test_a_notice_in_the_runs_last_step_leaves_it_incomplete_and_one_rescoring_finishes_it(
+    classified, start_dir, tmp_path, monkeypatch):
+  """SIGTERM during step 36, the run's last: saved unscored, so the run is not complete; the
+  next run scores epoch 3 once (no training follows, so the scores are kept beside the
+  checkpoint) and a third run has nothing left to do."""
+  files, _, whole = classified
+  workdir = str(tmp_path / 'run')
+  real_step, real_predict, steps, predicted = finetune.Program.train_step, \
+      finetune.Program.predict, [], []
+
+  def step_then_sigterm(self, state, batch):
+    out = real_step(self, state, batch)
+    steps.append(1)
+    if len(steps) == 36:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  def counted_predict(self, params, arrays):
+    predicted.append(1)
+    return real_predict(self, params, arrays)
+
+  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
+  with monkeypatch.context() as m:
+    m.setattr(finetune.Program, 'train_step', step_then_sigterm)
+    stopped = finetune.run(generic_config(files, start_dir), workdir)
+  assert stopped['runs'][0]['step'] == 36 and stopped['runs'][0]['epochs_done'] == 2
+  assert not stopped['complete'] and '**Incomplete run.**' in finetune.markdown(stopped)
+  before = len(predicted)
+  finished = finetune.run(generic_config(files, start_dir), workdir)
+  assert finished['complete'] and len(predicted) > before
+  strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}
+                           for h in history]
+  assert strip(finished['runs'][0]['history']) == strip(whole['runs'][0]['history'])
+  before = len(predicted)
+  again = finetune.run(generic_config(files, start_dir), workdir)
+  assert len(predicted) == before and again['complete']  # scored once, not at every run
+  assert again['runs'][0]['scores'] == whole['runs'][0]['scores']
+
+
 def test_the_non_finite_rule_stops_on_a_nan_gradient_norm_with_a_finite_loss(
     start_dir, tmp_path, monkeypatch):
   """Pre-training's rule (run_control.check_finite): a step whose gradient norm is NaN stops
@@ -383,7 +422,20 @@ def test_squad_spans(start_dir, tmp_path):
   assert dev['baseline']['exact_match'] == 0.0 and dev['baseline']['f1'] == 0.0
   history = results['runs'][0]['history']
   assert history[-1]['train_loss'] < history[0]['train_loss'] - 0.5, history
-  assert 0 <= results['runs'][0]['scores']['dev']['f1'] <= 100
+  assert 0 <= results['runs'][0]['scores']['dev']['f1'] <= 1
+  # A checkpoint written when SQuAD scores were percentages (no scores_version) is refused,
+  # not compared with 0-1 scores.
+  ckpt = os.path.join(workdir, 'seed_0', 'checkpoints')
+  progress = os.path.join(ckpt, max(os.listdir(ckpt), key=int), 'progress', 'metadata')
+  saved = read_json(progress)
+  del saved['scores_version']
+  with open(progress, 'w') as f:
+    json.dump(saved, f)
+  with pytest.raises(ValueError, match='SQuAD scores were percentages.*new --workdir'):
+    finetune.run(config('squad', start_dir, **{
+        'data.train_file': str(tmp_path / 'train.json'),
+        'data.dev_file': str(tmp_path / 'dev.json'), 'data.max_seq_length': 48,
+        'data.doc_stride': 16, 'data.max_query_length': 16}), workdir)
   export = os.path.join(workdir, 'hf_export')
   export_matches_ours(export, transformers.AutoModelForQuestionAnswering,
                       encode(export, ['who went to paris ?'], ['bob went to paris .'], 48))

@@ -53,6 +53,14 @@ def test_reads_the_released_layout_as_run_swag_builds_its_pairs(tmp_path):
   test = write_csv(tmp_path / 'test.csv', HEADER[:-1], [r[:-1] for r in ROWS])  # no label
   assert [e.label for e in swag.read_swag(test)] == [None, None]
   assert [e.label for e in swag.read_swag(path, labelled=False)] == [None, None]
+  # HF datasets' export of the test split: a label column of -1 (or empty) is no label.
+  hf_test = write_csv(tmp_path / 'hf_test.csv', HEADER, [r[:-1] + ['-1'] for r in ROWS])
+  assert [e.label for e in swag.read_swag(hf_test)] == [None, None]
+  with pytest.raises(ValueError, match=r'hf_test.csv.*label.*(-1|empty)'):
+    swag.read_swag(hf_test, labelled=True)
+  mixed = write_csv(tmp_path / 'mixed.csv', HEADER, [ROWS[0], ROWS[1][:-1] + ['']])
+  with pytest.raises(ValueError, match='some rows are labelled and some are not'):
+    swag.read_swag(mixed)
   # Without the index column, and with three endings: the header decides.
   three = write_csv(tmp_path / 'three.csv', ['sent1', 'sent2', 'ending0', 'ending1', 'ending2',
                                              'label'], [['a b', 'c', 'd', 'e', 'f', '1']])
