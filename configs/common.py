@@ -6,6 +6,8 @@ tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
 
 import ml_collections
 
+from bert_jax import sharding
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -77,10 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 
   c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-  c.sharding_rules = (
-      ('batch', ('data', 'fsdp')), ('vocab', 'tensor'), ('heads', 'tensor'), ('mlp', 'tensor'),
-      ('embed', 'fsdp'), ('kv', None), ('length', None), ('layers', None), ('norm', None),
-      ('position', None), ('token_type', None))
+  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (bert_jax/sharding.py)
   return c
 
 

@@ -20,6 +20,8 @@ sets) and 5e-5 for CoNLL and SQuAD (the paper's SQuAD setting; the usual NER one
 
 import ml_collections
 
+from bert_jax import sharding
+
 GLUE = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
 TASKS = GLUE + ('mr', 'mr_regression', 'conll', 'squad', 'squad_v2', 'swag', 'generic')
 
@@ -75,10 +77,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   c.train.stop_after_epoch = 0
 
   c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-  c.sharding_rules = (
-      ('batch', ('data', 'fsdp')), ('vocab', 'tensor'), ('heads', 'tensor'), ('mlp', 'tensor'),
-      ('embed', 'fsdp'), ('kv', None), ('length', None), ('layers', None), ('norm', None),
-      ('position', None), ('token_type', None))
+  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (bert_jax/sharding.py)
   _task_defaults(c, task)
   return c
 
