@@ -222,6 +222,33 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
     finetune.run(generic_config(files, start_dir, **{'train.num_epochs': 4}), workdir)
 
 
+def run_stopped_by_sigterm(monkeypatch, config, workdir, steps: int):
+  """finetune.run with the real SIGTERM sent to this process after `steps` training steps;
+  returns its results and the list Program.predict appends to on every call from now on."""
+  real_step, real_predict, done, predicted = (finetune.Program.train_step,
+                                              finetune.Program.predict, [], [])
+
+  def step_then_sigterm(self, state, batch):
+    out = real_step(self, state, batch)
+    done.append(1)
+    if len(done) == steps:
+      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
+    return out
+
+  def counted_predict(self, params, arrays):
+    predicted.append(1)
+    return real_predict(self, params, arrays)
+
+  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
+  with monkeypatch.context() as m:
+    m.setattr(finetune.Program, 'train_step', step_then_sigterm)
+    return finetune.run(config, workdir), predicted
+
+
+def without_speed(history):
+  return [{k: v for k, v in h.items() if k != 'train_examples_per_second'} for h in history]
+
+
 def test_a_notice_in_an_epochs_last_step_saves_before_scoring_and_the_resume_scores_it(
     classified, start_dir, tmp_path, monkeypatch):
   """A SIGTERM during step 12, the last of epoch 1: the state is saved at once, with no dev
@@ -229,32 +256,15 @@ def test_a_notice_in_an_epochs_last_step_saves_before_scoring_and_the_resume_sco
   from that state and ends exactly as seed 0 of the uninterrupted run."""
   files, _, whole = classified
   workdir = str(tmp_path / 'run')
-  real_step, real_predict, steps, predicted = finetune.Program.train_step, \
-      finetune.Program.predict, [], []
-
-  def step_then_sigterm(self, state, batch):
-    out = real_step(self, state, batch)
-    steps.append(1)
-    if len(steps) == 12:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return out
-
-  def counted_predict(self, params, arrays):
-    predicted.append(1)
-    return real_predict(self, params, arrays)
-
-  monkeypatch.setattr(finetune.Program, 'train_step', step_then_sigterm)
-  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
-  stopped = finetune.run(generic_config(files, start_dir), workdir)
-  monkeypatch.undo()
+  stopped, predicted = run_stopped_by_sigterm(monkeypatch, generic_config(files, start_dir),
+                                              workdir, 12)
   assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
   assert not predicted and not os.path.exists(os.path.join(workdir, 'hf_export'))
   assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
   resumed = finetune.run(generic_config(files, start_dir), workdir)
-  strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}
-                           for h in history]
   assert resumed['complete']
-  assert strip(resumed['runs'][0]['history']) == strip(whole['runs'][0]['history'])
+  assert without_speed(resumed['runs'][0]['history']) == without_speed(
+      whole['runs'][0]['history'])
 
 
 def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
@@ -278,32 +288,15 @@ def test_a_notice_in_the_runs_last_step_leaves_it_incomplete_and_one_rescoring_f
   checkpoint) and a third run has nothing left to do."""
   files, _, whole = classified
   workdir = str(tmp_path / 'run')
-  real_step, real_predict, steps, predicted = finetune.Program.train_step, \
-      finetune.Program.predict, [], []
-
-  def step_then_sigterm(self, state, batch):
-    out = real_step(self, state, batch)
-    steps.append(1)
-    if len(steps) == 36:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return out
-
-  def counted_predict(self, params, arrays):
-    predicted.append(1)
-    return real_predict(self, params, arrays)
-
-  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
-  with monkeypatch.context() as m:
-    m.setattr(finetune.Program, 'train_step', step_then_sigterm)
-    stopped = finetune.run(generic_config(files, start_dir), workdir)
+  stopped, predicted = run_stopped_by_sigterm(monkeypatch, generic_config(files, start_dir),
+                                              workdir, 36)
   assert stopped['runs'][0]['step'] == 36 and stopped['runs'][0]['epochs_done'] == 2
   assert not stopped['complete'] and '**Incomplete run.**' in finetune.markdown(stopped)
   before = len(predicted)
   finished = finetune.run(generic_config(files, start_dir), workdir)
   assert finished['complete'] and len(predicted) > before
-  strip = lambda history: [{k: v for k, v in h.items() if k != 'train_examples_per_second'}
-                           for h in history]
-  assert strip(finished['runs'][0]['history']) == strip(whole['runs'][0]['history'])
+  assert without_speed(finished['runs'][0]['history']) == without_speed(
+      whole['runs'][0]['history'])
   before = len(predicted)
   again = finetune.run(generic_config(files, start_dir), workdir)
   assert len(predicted) == before and again['complete']  # scored once, not at every run
