@@ -351,12 +351,14 @@ def publish_dir(path: str, write, *, overwrite: bool = False, last: str = 'confi
   parent = os.path.dirname(path)
   makedirs(parent)
   tmp = tempfile.mkdtemp(prefix='.publish-', dir=parent)
-  os.chmod(tmp, 0o777 & ~process_umask())  # mkdtemp's 0700 would hide the export from other users
+  umask = process_umask()
+  os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
   try:
     write(tmp)
+    file_mode = 0o666 & ~umask
     for name in os.listdir(tmp):  # libraries that write 0600 (safetensors' save_file) too
       if os.path.isfile(os.path.join(tmp, name)):
-        os.chmod(os.path.join(tmp, name), 0o666 & ~process_umask())
+        os.chmod(os.path.join(tmp, name), file_mode)
     old = None
     if os.path.exists(path):
       old = tempfile.mkdtemp(prefix='.old-', dir=parent)

@@ -57,7 +57,7 @@ def read_swag(path: str, *, labelled: bool | None = None) -> list[ChoiceExample]
   `datasets` exports SWAG's test split) means unlabelled. A label must be a choice number
   0 .. num_choices - 1.
   """
-  records = tasks._csv_fields(path)  # pylint: disable=protected-access
+  records = tasks.csv_fields(path)
   header_line, header = next(records, (1, None))
   if header is None:
     raise data_error(path, None, None, 'empty file (expected a header line naming the columns)')

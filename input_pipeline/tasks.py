@@ -130,7 +130,7 @@ def _table_rows(path: str, wanted: list[str], skip_bad_lines: bool
   if path.endswith('.jsonl'):
     return _jsonl_rows(path, wanted)
   if path.endswith('.csv'):
-    return _delimited_rows(path, wanted, _csv_fields, 'comma-separated', skip_bad_lines)
+    return _delimited_rows(path, wanted, csv_fields, 'comma-separated', skip_bad_lines)
   if path.endswith('.tsv'):
     return _delimited_rows(path, wanted, _tsv_fields, 'tab-separated', skip_bad_lines)
   raise data_error(path, None, None, 'unknown table format; name the file .csv, .tsv or .jsonl')
@@ -142,7 +142,7 @@ def _tsv_fields(path: str) -> Iterator[tuple[int, list[str]]]:
       yield line_no, text.split('\t')
 
 
-def _csv_fields(path: str) -> Iterator[tuple[int, list[str]]]:
+def csv_fields(path: str) -> Iterator[tuple[int, list[str]]]:
   """CSV records with the line each starts on (a quoted field may span lines)."""
   for _ in read_lines(path):  # the encoding check, with line numbers
     pass
