@@ -122,6 +122,9 @@ def check_batch_sizes(config, mesh) -> int:
                      '--config.train.batch_size or --config.mesh')
   if t.num_epochs < 1:
     raise ValueError(f'train.num_epochs={t.num_epochs}: need at least 1')
+  if config.data.length_buckets < 1:
+    raise ValueError(f'data.length_buckets={config.data.length_buckets}: expected 1 (every '
+                     'batch max_seq_length long) or more')
   if t.stop_after_epoch < 0:
     raise ValueError(f'train.stop_after_epoch={t.stop_after_epoch}: expected 0 (all epochs) or '
                      'the epoch to stop after')

@@ -998,6 +998,10 @@ def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row()
   assert [length([0]), length([0, 1]), length([0, 2]), length([3, -1]), length([-1])] == [
       32, 32, 64, 128, 128]
   assert length([0], buckets=1) == 128 and length([0], buckets=16) == 8
+  config = finetune_configs.get_config('mr')
+  config.data.length_buckets = 0
+  with pytest.raises(ValueError, match=r'data.length_buckets=0: expected 1'):
+    finetune.check_batch_sizes(config, finetune.shd.make_mesh((-1, 1, 1)))
   cut = finetune.take(arrays, np.array([1, -1]), ('input_ids', 'input_mask'), 32)
   assert cut['input_ids'].shape == (2, 32) and cut['input_mask'][0].sum() == 30
 
