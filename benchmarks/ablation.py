@@ -40,10 +40,11 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import logging  # noqa: E402
 
-from bert_jax import demo, export, train  # noqa: E402
-from bert_jax.metric_writer import read_metrics  # noqa: E402
+from bert_jax import demo, export  # noqa: E402
+from bert_jax.pretrain import run as train
+from bert_jax.training.metric_writer import read_metrics  # noqa: E402
 from configs import bert_tiny  # noqa: E402
-from input_pipeline import create_pretraining_data as cpd  # noqa: E402
+from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
 
 # objective@masking_rate[:seed]; the second seed of nsp@0.15 measures the noise.
 VARIANTS = 'nsp@0.15,sop@0.15,none@0.15,nsp@0.30,nsp@0.15:1,none@0.30'

@@ -16,8 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import optim, sharding as shd, synthetic, train_step as ts  # noqa: E402
-from bert_jax.model import PRESETS, BertConfig  # noqa: E402
+from bert_jax.training import optim, sharding as shd  # noqa: E402
+from bert_jax.pretrain import step as ts, synthetic
+from bert_jax.model.encoder import PRESETS, BertConfig  # noqa: E402
 
 
 def compile_seconds(cfg: BertConfig, batch: int = 8, seq: int = 128) -> float:

@@ -61,7 +61,7 @@ def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top:
 
 
 def profile_ours(size, host, steps, top, dump_hlo, scanned):
-  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
   cfg = BertConfig.from_preset(size, dtype='bfloat16', scan_layers=scanned)
   state, compiled, on_device, _, _ = gpu_step.compiled_step(cfg, host)
   text = compiled.as_text()
@@ -141,7 +141,7 @@ def main():
   args = p.parse_args()
   size, seq, batch = gpu_step.parse_config(args.config, '--config')
   preds = 20 * seq // 128
-  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
   host = gpu_step.batches(2, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
   print(f'device {jax.devices()[0].device_kind}, jax {jax.__version__}, config {args.config}',
         flush=True)

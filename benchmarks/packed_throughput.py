@@ -22,9 +22,10 @@ sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
 
-from bert_jax import optim, sharding as shd, train_step as ts  # noqa: E402
-from bert_jax.model import BertConfig  # noqa: E402
-from input_pipeline import dataset as data_lib  # noqa: E402
+from bert_jax.training import optim, sharding as shd  # noqa: E402
+from bert_jax.pretrain import step as ts
+from bert_jax.model.encoder import BertConfig  # noqa: E402
+from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
 
 
 def run(size: str, files: str, packed: bool, batch: int, steps: int = 10, warmup: int = 3):

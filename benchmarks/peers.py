@@ -5,13 +5,13 @@ r"""Our train step against HuggingFace's BertForPreTraining (PyTorch) and FlaxBe
 
 The peer benchmark of the performance issue: configs tiny/mini/small at batch 32, base at
 batch 8; vocab 30522, seq 128, ~10% padding at the end of each row, 20 MLM labels per row,
-random NSP labels (`bert_jax.synthetic.random_batch`, the same numpy seed for every side, so
+random NSP labels (`bert_jax.pretrain.synthetic.random_batch`, the same numpy seed for every side, so
 identical data), dropout 0.1 in training mode, AdamW lr 1e-4 wd 0.01, float32; 3 warm-up
 steps, then the median of 10 steps. Each side runs in its own fresh process (HF Flax needs
 transformers 4.57.6, the last release with Flax, in its own virtual environment), and the
 sides are interleaved round by round: ours, HF Flax, HF PyTorch, ours, ... the figure is the
 median over rounds. tokens/s = batch x 128 / step time. MFU = the issue's useful-work FLOPs
-(MLM head on the 20 labelled positions: `bert_jax.flops`) / step time / the float32 matmul
+(MLM head on the 20 labelled positions: `bert_jax.model.flops`) / step time / the float32 matmul
 peak JAX measures in our process (each process's own peak is printed as well). Both HF models
 compute the MLM head on all 128 positions, as their pre-training code does. Ours runs with
 unrolled layers (`model.scan_layers=False`), 5-8% faster on this CPU than scanned ones.
@@ -37,7 +37,7 @@ SEQ, PREDS, VOCAB, WARMUP, STEPS = 128, 20, 30522, 3, 10
 
 def data(batch: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax.synthetic import random_batch  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain.synthetic import random_batch  # pylint: disable=g-import-not-at-top
   return random_batch(np.random.default_rng(0), batch, SEQ, PREDS, VOCAB)
 
 
@@ -62,7 +62,7 @@ def full_labels(b):
 def hf_config(size: str):
   """transformers.BertConfig of our preset `size`, dropout 0.1."""
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
   c = BertConfig.from_preset(size)
   return transformers.BertConfig(
       vocab_size=VOCAB, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
@@ -192,8 +192,8 @@ def main():
     print(json.dumps(WORKERS[args.worker](args.size, BATCH[args.size])))
     return
 
-  from bert_jax import flops  # pylint: disable=g-import-not-at-top
-  from bert_jax.model import BertConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import flops  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
   pythons = {'ours': sys.executable, 'hf_torch': sys.executable,
              'hf_flax': os.path.join(args.flax_venv, 'bin', 'python')}
   sides = ['ours', 'hf_flax', 'hf_torch']

@@ -4,8 +4,8 @@ fine-tuned on MR with the same recipe and seeds.
   bash scripts/demo.sh                                   # pre-trains runs/demo/train
   .venv/bin/python -m benchmarks.pretraining_pays --init=runs/demo/train [--seeds=3]
 
-Both arms run bert_jax.finetune (configs/finetune.py:mr) through `demo.mr_config`: the
-80/10/10 split of input_pipeline/mr.py, 64 tokens, batch 32, AdamW lr 1e-4 with 10% warmup
+Both arms run bert_jax.finetune.run (configs/finetune.py:mr) through `demo.mr_config`: the
+80/10/10 split of input_pipeline/tasks/mr.py, 64 tokens, batch 32, AdamW lr 1e-4 with 10% warmup
 and linear decay (the reference's optimizer and schedule, configs/finetune.py), 3 epochs, test
 accuracy at the best dev epoch. `--init` is the pre-trained
 start point (a training workdir or an HF export); the random arm is `random:<init>`: the same
@@ -22,7 +22,7 @@ finished arms. Measured figures: benchmarks/RESULTS.md, "Pre-training pays (MR)"
 from __future__ import annotations
 
 if __name__ == '__main__':  # CPU malloc tuned, as the CLIs do
-  from bert_jax import host_malloc
+  from bert_jax.training import host_malloc
   host_malloc.reexec_with_tuned_malloc()
 
 import json

@@ -23,7 +23,7 @@ lands in <output_dir>/<name>.
 from __future__ import annotations
 
 if __name__ == '__main__':  # CPU malloc tuned, as the CLIs do
-  from bert_jax import host_malloc
+  from bert_jax.training import host_malloc
   host_malloc.reexec_with_tuned_malloc()
 
 import json
@@ -68,7 +68,8 @@ def copy_data(source: str, workdir: str) -> None:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from bert_jax import export, train  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert.workdir import export_workdir  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import run as train
   from configs import common
   opts = parse_variant(FLAGS.variant)
   work = fs.absolute(fs.join(FLAGS.output_dir, FLAGS.name))
@@ -88,7 +89,7 @@ def main(argv):
   print(f'[variant] {FLAGS.name}: held-out MLM accuracy {result["eval"]["mlm_accuracy"]:.4f} '
         f'vs majority token {base["mlm"]:.4f} after {result["step"]} steps '
         f'({(time.time() - start) / 60:.1f} min)', flush=True)
-  export_dir = export.export_workdir(run_dir, fs.join(work, 'hf_export'), config=config)
+  export_dir = export_workdir(run_dir, fs.join(work, 'hf_export'), config=config)
   print(f'[variant] fill-mask: {demo.fill_mask_example(export_dir)}', flush=True)
   arms = {'pretrained': run_dir, **({'random_init': f'random:{run_dir}'}
                                     if opts.get('random', True) else {})}

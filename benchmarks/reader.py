@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from input_pipeline import dataset as data_lib  # noqa: E402
+from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
 
 VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 

@@ -29,7 +29,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from input_pipeline.corpus import split_sentences, write_text_file  # noqa: E402
+from input_pipeline.pretraining.corpus import split_sentences, write_text_file  # noqa: E402
 
 _VERSE = re.compile(r'^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$')
 _ROLE = re.compile(r':[a-z:]+:`~?!?([^`<]*?)(?:\s*<[^>]*>)?`')

@@ -25,10 +25,11 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 import tensorflow as tf  # noqa: E402
 
 import gcs_server  # noqa: E402
-from input_pipeline import corpus, fs  # noqa: E402
-from input_pipeline import create_pretraining_data as cpd  # noqa: E402
-from input_pipeline import dataset as data_lib  # noqa: E402
-from input_pipeline.instances import MaskingConfig  # noqa: E402
+from input_pipeline.pretraining import corpus  # noqa: E402
+from input_pipeline import fs
+from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
+from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
+from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
 
 VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 DATA = '/tmp/bench_records'

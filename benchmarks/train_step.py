@@ -16,15 +16,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+from bert_jax.training import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
 if __name__ == '__main__':
   host_malloc.reexec_with_tuned_malloc()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bert_jax import flops, optim, sharding as shd, synthetic, train_step as ts  # noqa: E402
-from bert_jax.model import BertConfig  # noqa: E402
+from bert_jax.model import flops  # noqa: E402
+from bert_jax.pretrain import step as ts, synthetic
+from bert_jax.training import optim, sharding as shd
+from bert_jax.model.encoder import BertConfig  # noqa: E402
 
 BATCH = {'tiny': 32, 'mini': 32, 'small': 32, 'medium': 32, 'base': 8, 'large': 8}
 

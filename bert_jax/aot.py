@@ -45,8 +45,9 @@ def hbm_bytes(device_kind: str) -> int | None:
 def compile_for(config, devices) -> dict:
   """Compile the run's own train step (`run_setup`: the same mesh, shardings and batch layout,
   packed or not, as `bert_jax.main` would use) for `devices` and report its memory."""
-  from bert_jax import flops, run_setup  # pylint: disable=g-import-not-at-top
-  setup = run_setup.from_config(config, devices)
+  from bert_jax.model import flops  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
+  setup = pretrain_step.setup(config, devices)
   b, s, p = (config.train.global_batch_size, config.data.max_seq_length,
              config.data.max_predictions_per_seq)
   step = setup.train_step()

@@ -5,51 +5,25 @@ r"""Training workdir -> HuggingFace `BertForPreTraining` directory (with its tok
 Reads the run's config from `workdir/config.json` (written when training starts), the params
 of the latest (or given) checkpoint whatever mesh or optimizer wrote them, and the tokenizer
 named by `data.vocab_file` / `data.spm_model`, so `pipeline("fill-mask", model=DIR)` works.
+The work is `bert_jax.convert.workdir.export_workdir`; this module is its command line.
 """
 
 from __future__ import annotations
 
-import json
-
-import ml_collections
 from absl import app, flags
 
-from bert_jax import checkpointing, hf
-from input_pipeline import fs
-
-
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  path = fs.join(workdir, 'config.json')
-  if not fs.exists(path):
-    raise FileNotFoundError(f'{path}: missing; pass the training config (--config) instead')
-  return ml_collections.ConfigDict(json.loads(fs.read_text(path)))
-
-
-def run_tokenizer(config):
-  if not (config.data.vocab_file or config.data.spm_model):
-    return None
-  from input_pipeline.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
-  return load_tokenizer(config.data.vocab_file or None, config.data.spm_model or None,
-                        config.data.do_lower_case)
-
-
-def export_workdir(workdir: str, output: str, step: int | None = None, config=None,
-                   overwrite: bool = True) -> str:
-  from bert_jax.run_setup import model_config  # pylint: disable=g-import-not-at-top
-  config = config if config is not None else load_run_config(workdir)
-  step, params = checkpointing.restore_params(workdir, step)
-  cfg = model_config(config).replace(scan_layers=config.model.scan_layers)
-  return hf.save_pretrained(output, cfg, params, tokenizer=run_tokenizer(config),
-                            overwrite=overwrite)
+from bert_jax.convert.workdir import export_workdir
+from bert_jax.training import checkpointing
 
 
 def evaluate_workdir(config, workdir: str) -> dict:
   """Held-out metrics of the latest checkpoint (main.py --mode=eval)."""
-  from bert_jax import run_setup, train  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import run as train
   if not config.data.eval_files:
     raise ValueError('--config.data.eval_files is empty')
   step, params = checkpointing.restore_params(workdir)
-  setup = run_setup.from_config(config)
+  setup = pretrain_step.setup(config)
   batch = train.per_process_batch(config.train.global_batch_size)
   return {'step': step, **train.evaluate(setup.eval_step(), setup.place_params(params), setup,
                                          batch)}

@@ -8,7 +8,7 @@ Multi-host: on Cloud TPU `jax.distributed.initialize()` needs no arguments; else
 """
 
 if __name__ == '__main__':  # before the heavy imports, which the new process then does once
-  from bert_jax import host_malloc
+  from bert_jax.training import host_malloc
   host_malloc.reexec_with_tuned_malloc()
 
 import json
@@ -17,7 +17,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import log_filters, run_control
+from bert_jax.training import log_filters, run_control
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_tiny.py.')
@@ -42,11 +42,12 @@ def main(argv):
 
 
 def run_mode(config) -> dict:
-  from bert_jax import export, train  # pylint: disable=g-import-not-at-top
+  from bert_jax import export  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import run as train
   if FLAGS.mode == 'train':
     if not config.data.train_files:
       raise app.UsageError('--config.data.train_files is empty: point it at TFRecords from '
-                           'python -m input_pipeline.create_pretraining_data')
+                           'python -m input_pipeline.pretraining.create_pretraining_data')
     result = train.train_and_evaluate(config, FLAGS.workdir)
   elif FLAGS.mode == 'eval':
     result = export.evaluate_workdir(config, FLAGS.workdir)

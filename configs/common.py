@@ -6,23 +6,18 @@ tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
 
 import ml_collections
 
-from bert_jax import sharding
+from bert_jax.training import sharding
 
 
 def base_config() -> ml_collections.ConfigDict:
+  """A pre-training run: the shared blocks plus pre-training's data and checkpoint fields."""
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  c.model = ml_collections.ConfigDict()
-  c.model.size = 'base'  # tiny | mini | small | medium | base | large (bert_jax.model.PRESETS)
+  c.model = model_block()
+  c.model.size = 'base'  # tiny | mini | small | medium | base | large (encoder.PRESETS)
   c.model.vocab_size = 30522  # must equal the tokenizer's
-  c.model.hidden_dropout = 0.1
-  c.model.attention_dropout = 0.1  # 0 lets accelerators use fused (flash) attention in training
   c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
-  c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16 (params stay float32)
-  c.model.scan_layers = True  # compile time flat in depth (pods); unrolled is faster on GPUs
-  c.model.remat_policy = 'none'  # none | full | dots | dots_no_batch
-  c.model.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
 
   c.data = ml_collections.ConfigDict()
   c.data.train_files = ''  # comma-separated globs of TFRecords (create_pretraining_data)
@@ -45,23 +40,11 @@ def base_config() -> ml_collections.ConfigDict:
   # The reader refuses records of another objective.
   c.data.sentence_objective = 'nsp'
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)
-  c.optimizer.learning_rate = 1e-4
-  c.optimizer.schedule = 'bert'  # bert (reference) | warmup_linear | constant | poly_warmup
-  c.optimizer.warmup_steps = 10_000
-  c.optimizer.warmup_proportion = 0.0  # > 0: warmup = this x train.num_steps (NVIDIA's flag)
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.clip_norm = 1.0  # 0 disables
+  c.optimizer = optimizer_block(learning_rate=1e-4, warmup_steps=10_000)
 
-  c.train = ml_collections.ConfigDict()
-  c.train.global_batch_size = 256
+  c.train = train_block(global_batch_size=256, log_every=100)
   c.train.accum_steps = 1  # micro-batches per step: batch 256 on any machine
   c.train.num_steps = 900_000
-  c.train.log_every = 100
   c.train.eval_every = 10_000
   c.train.eval_steps = 100  # batches per eval (fewer if the eval files end first)
   c.train.checkpoint_every = 10_000
@@ -78,9 +61,53 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 
-  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (bert_jax/sharding.py)
+  add_parallelism(c)
   return c
+
+
+# ------------------------------------------------------------ blocks both config families use
+
+
+def model_block() -> ml_collections.ConfigDict:
+  """How the encoder runs (not its shape, which pre-training sets and a start point brings)."""
+  m = ml_collections.ConfigDict()
+  m.dtype = 'float32'  # compute dtype: float32 | bfloat16 (params stay float32)
+  m.hidden_dropout = 0.1
+  m.attention_dropout = 0.1  # 0 lets accelerators use fused (flash) attention in training
+  m.scan_layers = True  # compile time flat in depth (pods); unrolled is faster on GPUs
+  m.remat_policy = 'none'  # none | full | dots | dots_no_batch
+  m.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
+  return m
+
+
+def optimizer_block(**defaults) -> ml_collections.ConfigDict:
+  """The optimizer and its schedule (bert_jax/training/optim.py); `defaults` set the family's."""
+  o = ml_collections.ConfigDict()
+  o.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)
+  o.learning_rate = 1e-4  # peak
+  o.schedule = 'bert'  # bert (reference) | warmup_linear | constant | poly_warmup
+  o.warmup_steps = 10_000
+  o.warmup_proportion = 0.0  # > 0: warmup = this x the run's steps (NVIDIA's flag)
+  o.weight_decay = 0.01  # not on biases and LayerNorm
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-6
+  o.clip_norm = 1.0  # 0 disables
+  o.update(defaults)
+  return o
+
+
+def train_block(*, global_batch_size: int, log_every: int) -> ml_collections.ConfigDict:
+  """The fields every run's train block has; each family adds its own (steps or epochs)."""
+  t = ml_collections.ConfigDict()
+  t.global_batch_size = global_batch_size  # over all processes and devices
+  t.log_every = log_every  # steps between metrics.jsonl / TensorBoard lines
+  return t
+
+
+def add_parallelism(c: ml_collections.ConfigDict) -> None:
+  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
+  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (training/sharding.py)
 
 
 def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int) -> None:

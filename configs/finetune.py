@@ -4,7 +4,7 @@ r"""Fine-tuning configs, one per task: `--config=configs/finetune.py:<task>`.
       --workdir=runs/mrpc --config.data.glue_dir=glue_data/MRPC [--config.seeds=5]
 
 Tasks: the GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte wnli), mr and mr_regression
-(movie reviews, input_pipeline/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
+(movie reviews, input_pipeline/tasks/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
 such as POS), squad and squad_v2, swag (multiple choice), and generic (your own
 .csv/.tsv/.jsonl). Only the data fields a task reads exist in its config, so a misspelt or
 irrelevant override is an error, not silently ignored.
@@ -20,7 +20,7 @@ sets) and 5e-5 for CoNLL and SQuAD (the paper's SQuAD setting; the usual NER one
 
 import ml_collections
 
-from bert_jax import sharding
+from configs import common
 
 GLUE = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
 TASKS = GLUE + ('mr', 'mr_regression', 'conll', 'squad', 'squad_v2', 'swag', 'generic')
@@ -41,8 +41,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   c.fresh_head = False  # True: ignore a task head the start point carries (keep its encoder)
   c.export = True  # the best-dev epoch's model -> workdir/hf_export (HF BertFor<Task>)
 
-  c.model = ml_collections.ConfigDict()
-  c.model.dtype = 'float32'  # compute dtype: float32 | bfloat16 (params stay float32)
+  c.model = common.model_block()
   c.model.hidden_dropout = ml_collections.config_dict.placeholder(float)  # None: start point's
   c.model.attention_dropout = ml_collections.config_dict.placeholder(float)  # None: same
   c.model.classifier_dropout = ml_collections.config_dict.placeholder(float)  # None: hidden's
@@ -50,34 +49,22 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   # ms) and ~1.5x on GPU; its compile time, which scanning keeps flat in depth, matters less
   # in a run of minutes (benchmarks/RESULTS.md, "The CPU allocator").
   c.model.scan_layers = False
-  c.model.remat_policy = 'none'  # none | full | dots | dots_no_batch (long SQuAD windows)
-  c.model.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
 
   c.data = _data_config(task)
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'adamw_bert'  # adamw_bert (the reference's) | adamw | lamb
-  c.optimizer.learning_rate = 2e-5  # peak; 5e-5 for conll and squad (see above)
-  c.optimizer.schedule = 'bert'  # bert (reference: decay from step 0) | warmup_linear (HF's)
-  c.optimizer.warmup_proportion = 0.1  # warmup steps = this x all steps of the run
-  c.optimizer.warmup_steps = 0  # used only when warmup_proportion is 0
-  c.optimizer.weight_decay = 0.01  # not on biases and LayerNorm (bert_jax/optim.py)
-  c.optimizer.b1 = 0.9  # Adam betas and epsilon: the reference's
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.clip_norm = 1.0  # 0 disables
+  # peak 2e-5; 5e-5 for conll and squad (see above); warmup 10% of all steps of the run
+  c.optimizer = common.optimizer_block(learning_rate=2e-5, warmup_proportion=0.1,
+                                       warmup_steps=0)
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 32  # global; the last batch of an epoch is padded (zero weights)
+  # the last batch of an epoch is padded (zero weights)
+  c.train = common.train_block(global_batch_size=32, log_every=50)
   c.train.eval_batch_size = 64  # rounded up to a multiple of the mesh's batch devices
   c.train.num_epochs = 3  # the schedule spans them all; every epoch is scored on dev
-  c.train.log_every = 50  # steps between metrics.jsonl lines
   # Stop (resumably) once this many epochs are done, 0 = all: for jobs with a time limit.
   # The schedule always spans num_epochs, so the next run continues the same run.
   c.train.stop_after_epoch = 0
 
-  c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (bert_jax/sharding.py)
+  common.add_parallelism(c)
   _task_defaults(c, task)
   return c
 
@@ -103,7 +90,7 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
     # download the sdist with pip into mr_cache_dir (SHA-256 checked).
     d.mr_file = ''
     d.mr_cache_dir = 'runs/cache/mr'  # where fetch_mr keeps the sdist
-    d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/mr.py)
+    d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/tasks/mr.py)
   elif task == 'conll':
     # Column files, one word a line: `word TAG`, CoNLL-2003's `word POS chunk NER`, or any
     # other column count (each file's first line sets it). Entity tags (B-/I-/E-/S-X and O)
@@ -128,7 +115,7 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
     # and many of them means offsets in other units (bytes) or a different context.
     d.max_misaligned_fraction = 0.01
   elif task == 'swag':
-    # rowanz/swagaf data/: sent1, sent2, ending0..3, label (input_pipeline/swag.py); each
+    # rowanz/swagaf data/: sent1, sent2, ending0..3, label (input_pipeline/tasks/swag.py); each
     # choice is `[CLS] sent1 [SEP] sent2 ending_i [SEP]`, cut to max_seq_length (128).
     d.train_file = ''  # train.csv
     d.dev_file = ''  # val.csv
@@ -151,6 +138,6 @@ def _task_defaults(c: ml_collections.ConfigDict, task: str) -> None:
     c.optimizer.learning_rate = 5e-5
   if task == 'squad_v2':  # the paper: 2 epochs, batch 48 for SQuAD 2.0
     c.train.num_epochs = 2
-    c.train.batch_size = 48
+    c.train.global_batch_size = 48
   if task == 'swag':  # the paper, section 4.4: 3 epochs, learning rate 2e-5, batch 16
-    c.train.batch_size = 16
+    c.train.global_batch_size = 16

@@ -4,8 +4,8 @@ import numpy as np
 import torch
 import transformers
 
-from bert_jax import hf
-from bert_jax.model import BertConfig
+from bert_jax.convert import hf
+from bert_jax.model.encoder import BertConfig
 
 
 def torch_model(cfg: BertConfig, seed: int = 0) -> transformers.BertForPreTraining:

@@ -5,7 +5,7 @@ import types
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import train_step as ts
+from bert_jax.pretrain import step as ts
 
 
 def test_padding_rows_of_the_last_eval_batch_carry_no_sentence_weight():

@@ -5,9 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import aot, run_setup, synthetic
-from input_pipeline import create_pretraining_data as cpd, dataset as data_lib, features
-from input_pipeline.instances import MaskingConfig
+from bert_jax import aot
+from bert_jax.pretrain import synthetic
+from bert_jax.pretrain import step as pretrain_step
+from input_pipeline.pretraining import create_pretraining_data as cpd, dataset as data_lib, features
+from input_pipeline.pretraining.instances import MaskingConfig
 from test_train import config_with, overrides
 
 
@@ -28,7 +30,7 @@ def test_reader_batches_match_the_schema_the_step_compiles_for(data, packed_data
   if kind == 'packed_on_the_fly':
     values.update({'data.pack': True, 'data.pack_window': 64})
   config = config_with(values)
-  setup = run_setup.from_config(config)
+  setup = pretrain_step.setup(config)
   assert setup.layout.packed == (kind != 'plain')
   cfg = data_lib.ReaderConfig(
       files=config.data.train_files, batch_size=16, max_seq_length=64,
@@ -60,7 +62,7 @@ def test_aot_compiles_the_packed_step_a_packed_run_uses(data):
   config = config_with(overrides(data, **{'data.pack': True, 'mesh': (-1, 1, 1)}))
   result = aot.compile_for(config, jax.devices())
   assert result['packed'] and result['global_batch'] == 16
-  setup = run_setup.from_config(config)
+  setup = pretrain_step.setup(config)
   step = setup.train_step()
   with step.activate():
     lowered = step.jitted.lower(setup.abstract_state(), setup.abstract_batch())

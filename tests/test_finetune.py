@@ -20,12 +20,14 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import checkpointing, finetune, finetune_tasks, heads, hf, hf_heads, run_control
-from bert_jax import metrics, start_points
-from bert_jax.model import BertConfig
-from bert_jax.progress import LineProgress, progress_bar
+from bert_jax.convert import hf, hf_heads, start_points
+from bert_jax.finetune import metrics, run as finetune, squad_answers, tasks as finetune_tasks
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training import checkpointing, run_control
+from bert_jax.training.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
-from input_pipeline import squad
+from input_pipeline.tasks import squad
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +79,7 @@ def config(task, start, **overrides):
   c = finetune_configs.get_config(task)
   c.init = start
   c.data.max_seq_length = 32
-  c.train.batch_size = 16
+  c.train.global_batch_size = 16
   c.train.eval_batch_size = 32
   c.train.log_every = 1
   c.optimizer.learning_rate = 5e-4  # a random-init encoder, not a pre-trained one
@@ -532,7 +534,7 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
   flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
            f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
            f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=2',
-           '--config.data.max_seq_length=32', '--config.train.batch_size=16',
+           '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
            '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
            '--config.export=False', '--config.model.hidden_dropout=0.0',
            '--config.model.attention_dropout=0.0']
@@ -567,7 +569,7 @@ def test_two_processes_agree_on_a_notice_that_arrives_at_the_end_of_a_seed(start
   flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
            f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
            f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=1',
-           '--config.data.max_seq_length=32', '--config.train.batch_size=16',
+           '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
            '--config.train.log_every=1', '--config.seeds=2']
   env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
              PORT=str(_free_port()), JAX_PLATFORMS='cpu')
@@ -629,8 +631,8 @@ def test_bad_input_errors_name_the_field_and_the_fix(start_dir, tmp_path):
   with pytest.raises(ValueError, match='max_seq_length=1024 exceeds .* max_position_embeddings'
                                        '=512'):
     run(**{'data.max_seq_length': 1024})
-  with pytest.raises(ValueError, match='train.batch_size=12 must be a positive multiple of 8'):
-    run(**{'train.batch_size': 12})
+  with pytest.raises(ValueError, match='train.global_batch_size=12 must be a positive multiple of 8'):
+    run(**{'train.global_batch_size': 12})
   with pytest.raises(ValueError, match='config.seeds=0: need at least one run'):
     run(seeds=0)
   assert finetune.seed_list(3, 5) == [5, 6, 7] and finetune.seed_list((1, 7), 0) == [1, 7]
@@ -972,8 +974,9 @@ def test_squad_v2_task_decodes_with_the_tokenizers_casing_and_reports_best_thres
   predictions = task.predictions(split, outputs)
   assert predictions['bat0'] == 'Steve Smith'  # not "Steve Smith's"
   scores = task.score(split, outputs)
-  found = squad.squad_predictions(split.records, split.squad_features, outputs['start_logits'],
-                                  outputs['end_logits'], tok, version_2_with_negative=True)
+  found = squad_answers.squad_predictions(
+      split.records, split.squad_features, outputs['start_logits'], outputs['end_logits'], tok,
+      version_2_with_negative=True)
   gold = squad.gold_answers(split.records)
   official = metrics.squad_evaluate(gold, found.predictions, version_2=True)
   best = metrics.squad_v2_best_thresholds(gold, found.predictions, found.null_odds)
@@ -1001,7 +1004,7 @@ def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row()
   config = finetune_configs.get_config('mr')
   config.data.length_buckets = 0
   with pytest.raises(ValueError, match=r'data.length_buckets=0: expected 1'):
-    finetune.check_batch_sizes(config, finetune.shd.make_mesh((-1, 1, 1)))
+    finetune.check_batch_sizes(config)
   cut = finetune.take(arrays, np.array([1, -1]), ('input_ids', 'input_mask'), 32)
   assert cut['input_ids'].shape == (2, 32) and cut['input_mask'][0].sum() == 30
 

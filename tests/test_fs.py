@@ -7,8 +7,8 @@ import stat
 import jax
 import pytest
 
-from bert_jax import hf
-from bert_jax.model import BertConfig, init_params
+from bert_jax.convert import hf
+from bert_jax.model.encoder import BertConfig, init_params
 from input_pipeline import fs
 
 

@@ -17,8 +17,11 @@ import torch
 import transformers
 
 import hf_reference
-from bert_jax import finetune_step, heads, hf, hf_heads, sharding as shd, start_points
-from bert_jax.model import BertConfig
+from bert_jax.convert import hf, hf_heads, start_points
+from bert_jax.finetune import step as finetune_step
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training import sharding as shd
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
@@ -271,7 +274,7 @@ def test_export_refuses_to_overwrite_and_keeps_the_old_one(tmp_path):
   with pytest.raises(OSError, match='disk full'):
     hf_heads.save_finetuned(path, cfg, head, params, tokenizer=BrokenTokenizer(), overwrite=True)
   assert sorted(os.listdir(tmp_path)) == ['out']
-  state = hf._read_weights(path)  # pylint: disable=protected-access
+  state = hf.read_weights(path)
   again = hf_heads.finetuned_from_hf(state, cfg, head)
   jax.tree_util.tree_map(np.testing.assert_array_equal, again, params)
 

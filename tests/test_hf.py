@@ -11,8 +11,8 @@ import torch
 import transformers
 
 import hf_reference
-from bert_jax import hf
-from bert_jax.model import BertConfig, BertForPreTraining, init_params
+from bert_jax.convert import hf
+from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
 
 TOL = 1e-4
 CONFIGS = {

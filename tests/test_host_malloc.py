@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from bert_jax import host_malloc
+from bert_jax.training import host_malloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != 'glibc', reason='glibc tunables')
@@ -37,7 +37,7 @@ REUSE_PROBE = textwrap.dedent("""
 
 def run_probe(tmp_path, env, *args, reexec: bool):
   script = tmp_path / 'probe.py'
-  prelude = ('from bert_jax import host_malloc\nhost_malloc.reexec_with_tuned_malloc()\n'
+  prelude = ('from bert_jax.training import host_malloc\nhost_malloc.reexec_with_tuned_malloc()\n'
              if reexec else '')
   script.write_text(prelude + REUSE_PROBE)
   env = dict(env, PYTHONPATH=ROOT)
@@ -82,7 +82,7 @@ def test_not_applied_next_to_an_accelerator(tmp_path, monkeypatch):
 def test_command_runner_sets_the_environment():
   if host_malloc.accelerator_attached():
     pytest.skip('the settings are not applied next to an accelerator')
-  out = subprocess.run([sys.executable, '-m', 'bert_jax.host_malloc', sys.executable, '-c',
+  out = subprocess.run([sys.executable, '-m', 'bert_jax.training.host_malloc', sys.executable, '-c',
                         'import os; print(os.environ["GLIBC_TUNABLES"])'],
                        env=dict(untuned_env(), PYTHONPATH=ROOT), check=True,
                        capture_output=True, text=True, cwd=ROOT).stdout
@@ -90,7 +90,7 @@ def test_command_runner_sets_the_environment():
 
 
 def test_command_runner_names_a_command_it_cannot_run():
-  out = subprocess.run([sys.executable, '-m', 'bert_jax.host_malloc', 'no-such-command-xyz'],
+  out = subprocess.run([sys.executable, '-m', 'bert_jax.training.host_malloc', 'no-such-command-xyz'],
                        env=dict(untuned_env(), PYTHONPATH=ROOT), capture_output=True, text=True,
                        cwd=ROOT)
   assert out.returncode != 0

@@ -495,7 +495,7 @@ def test_a_closed_stdout_reader_does_not_stop_training(data, tmp_path):
 
 
 def test_a_stream_whose_reader_is_gone_points_at_dev_null_and_goes_on():
-  from bert_jax.run_control import ClosedReaderTolerant
+  from bert_jax.training.run_control import ClosedReaderTolerant
   read_end, write_end = os.pipe()
   stream = ClosedReaderTolerant(open(write_end, 'w'))
   stream.write('read\n')

@@ -1,4 +1,4 @@
-"""Cloud maintenance events (bert_jax/maintenance.py) stop a run as a SIGTERM does: the
+"""Cloud maintenance events (bert_jax/training/maintenance.py) stop a run as a SIGTERM does: the
 checkpoint first, a pending eval skipped, exit 0; against a metadata server on localhost."""
 
 import json
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bert_jax import maintenance
+from bert_jax.training import maintenance
 from metadata_server import MetadataServer
 from test_train import overrides, run_main, start_main, wait_for_step
 

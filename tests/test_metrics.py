@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from bert_jax import metrics
+from bert_jax.finetune import metrics
 
 
 def _cases(kind, n_cases=20):

@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import hf
-from bert_jax.model import PRESETS, BertConfig, BertForPreTraining, count_params, init_params
+from bert_jax.convert import hf
+from bert_jax.model.encoder import BertConfig, BertForPreTraining, count_params, init_params
+from bert_jax.model.encoder import PRESETS
 from tolerance import assert_trees_close
 
 TINY = BertConfig.from_preset('tiny')

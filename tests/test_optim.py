@@ -18,8 +18,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bert_jax import optim, sharding as shd, train_step as ts
-from bert_jax.model import BertConfig, init_params
+from bert_jax.model.encoder import BertConfig, init_params
+from bert_jax.pretrain import step as pretrain_step
+from bert_jax.training import optim
 from configs import bert_large
 
 
@@ -336,8 +337,8 @@ def test_warmup_proportion_errors_name_the_field():
 
 
 def test_lamb_moments_shard_like_their_params():
-  mesh = shd.make_mesh((2, 2, 2))
-  tx, _ = optim.from_config(bert_large.get_config('lamb_phase1').optimizer, 100)
-  shardings = ts.state_shardings(BertConfig.from_preset('tiny'), tx, mesh, shd.DEFAULT_RULES)
+  config = bert_large.get_config('lamb_phase1')
+  config.model.size, config.mesh = 'tiny', (2, 2, 2)
+  shardings = pretrain_step.setup(config).shardings
   for moments in (shardings.opt_state[1].mu, shardings.opt_state[1].nu):
     assert moments['encoder']['layers']['intermediate']['kernel'].spec == P(None, 'fsdp', 'tensor')

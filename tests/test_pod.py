@@ -16,8 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import maintenance
-from input_pipeline import dataset as data_lib, tfrecord
+from bert_jax.training import maintenance
+from input_pipeline import tfrecord
+from input_pipeline.pretraining import dataset as data_lib
 from metadata_server import MetadataServer
 from test_maintenance import eval_steps
 from test_train import ROOT, logged_losses, main_command, overrides, run_main

@@ -5,10 +5,22 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bert_jax import optim, sharding as shd, synthetic, train_step as ts
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
+from bert_jax.pretrain import step as pretrain_step, synthetic
+from bert_jax.training import sharding as shd
+from configs import bert_tiny, common
 
 TINY = BertConfig.from_preset('tiny')
+
+
+def tiny_setup(mesh_shape, devices=None, **overrides):
+  """A configured run's setup (configs/bert_tiny.py) for the preset's model: its vocabulary
+  and layer layout."""
+  config = bert_tiny.get_config()
+  config.mesh = mesh_shape
+  config.model.vocab_size = TINY.vocab_size
+  config.model.scan_layers = TINY.scan_layers
+  return pretrain_step.setup(common.override(config, overrides), devices)
 
 
 def test_mesh_shape_resolves_minus_one_and_checks_the_product():
@@ -21,9 +33,8 @@ def test_mesh_shape_resolves_minus_one_and_checks_the_product():
 
 
 def test_rules_shard_params_but_not_activation_embed():
-  mesh = shd.make_mesh((2, 2, 2))
   rules = shd.DEFAULT_RULES
-  shardings = ts.state_shardings(TINY, optim.make_optimizer('adamw', lambda _: 1.0), mesh, rules)
+  shardings = tiny_setup((2, 2, 2), **{'optimizer.name': 'adamw'}).shardings
   assert shardings.params['encoder']['layers']['intermediate']['kernel'].spec == P(None, 'fsdp', 'tensor')
   assert shardings.params['embeddings']['word_embeddings']['embedding'].spec == P('tensor', 'fsdp')
   # Adam moments follow their parameters.
@@ -35,9 +46,8 @@ def test_rules_shard_params_but_not_activation_embed():
 
 
 def test_indivisible_dimension_is_replicated_not_an_error():
-  mesh = shd.make_mesh((1, 1, 8))  # vocab 30522 is not divisible by 8
-  shardings = ts.state_shardings(TINY, optim.make_optimizer('adamw', lambda _: 1.0), mesh,
-                                 shd.DEFAULT_RULES)
+  # vocab 30522 is not divisible by 8
+  shardings = tiny_setup((1, 1, 8), **{'optimizer.name': 'adamw'}).shardings
   assert shardings.params['embeddings']['word_embeddings']['embedding'].spec == P(None, 'fsdp')
   assert shardings.params['encoder']['layers']['intermediate']['kernel'].spec == P(None, 'fsdp', 'tensor')
 
@@ -48,12 +58,10 @@ def test_bad_rule_names_the_mesh_axis():
 
 
 def _losses(mesh_shape, n_devices, steps=20, accum=1):
-  mesh = shd.make_mesh(mesh_shape, jax.devices()[:n_devices])
-  schedule = optim.learning_rate_schedule('bert', 1e-4, 5, steps)
-  tx = optim.make_optimizer('adamw_bert', schedule)
-  shardings = ts.state_shardings(TINY, tx, mesh, shd.DEFAULT_RULES)
-  state = ts.create_train_state(TINY, tx, 0, shardings)
-  step = ts.jit_train_step(TINY, tx, schedule, shardings, mesh, shd.DEFAULT_RULES, accum)
+  setup = tiny_setup(mesh_shape, jax.devices()[:n_devices], **{
+      'optimizer.learning_rate': 1e-4, 'optimizer.warmup_steps': 5, 'train.num_steps': steps,
+      'train.accum_steps': accum})
+  mesh, state, step = setup.mesh, setup.fresh_state(), setup.train_step()
   rng = np.random.default_rng(0)
   losses = []
   for _ in range(steps):

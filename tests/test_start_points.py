@@ -17,11 +17,13 @@ import torch
 import transformers
 
 import hf_reference
-from bert_jax import checkpointing, heads, hf, optim, sharding as shd, start_points
-from bert_jax import train_step as ts
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.convert import hf, start_points
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertConfig, BertForPreTraining
+from bert_jax.pretrain import step as pretrain_step
+from bert_jax.training import checkpointing
 from configs import bert_tiny
-from input_pipeline import corpus
+from input_pipeline.pretraining import corpus
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
@@ -301,15 +303,11 @@ def workdir(tmp_path_factory):
   config.data.do_lower_case = True
   with open(d / 'config.json', 'w') as f:
     f.write(config.to_json_best_effort(indent=2))
-  from bert_jax.run_setup import model_config
-  model_cfg = model_config(config)
-  tx, _ = optim.from_config(config.optimizer, config.train.num_steps)
-  mesh = shd.make_mesh((-1, 1, 1))
-  shardings = ts.state_shardings(model_cfg, tx, mesh, shd.normalize_rules(config.sharding_rules))
+  setup = pretrain_step.setup(config)
   manager = checkpointing.make_manager(str(d), async_save=False)
   saved = {}
   for step, seed in ((3, 1), (7, 2)):
-    state = ts.create_train_state(model_cfg, tx, seed, shardings)
+    state = setup.fresh_state(seed)
     checkpointing.save(manager, step, state, force=True)
     saved[step] = jax.device_get(state.params)
   manager.wait_until_finished()
@@ -363,11 +361,11 @@ def test_pretraining_params_for_init_from_tf_and_hf(google_dir, tmp_path, caplog
   assert step == 0
   expected = start_points.load_start_point(directory).params
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, expected)
-  # What train._initial_state does next: a step-0 train state on the run's mesh.
-  tx = optim.from_config(bert_tiny.get_config().optimizer, 10)[0]
-  mesh = shd.make_mesh((2, 2, 2))
-  state = ts.state_from_params(params, tx, 0,
-                               ts.state_shardings(model_cfg, tx, mesh, shd.DEFAULT_RULES))
+  # What the pre-training run's _initial_state does next: a step-0 state on the run's mesh.
+  config = bert_tiny.get_config()
+  config.mesh, config.model.hidden_act, config.model.vocab_size = (2, 2, 2), 'gelu_tanh', 100
+  config.model.scan_layers = model_cfg.scan_layers
+  state = pretrain_step.setup(config).state_from_params(params)
   np.testing.assert_array_equal(jax.device_get(state.params['nsp']['kernel']),
                                 expected['nsp']['kernel'])
 

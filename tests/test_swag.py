@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_jax import finetune_tasks
+from bert_jax.finetune import tasks as finetune_tasks
 from configs import finetune as finetune_configs
-from input_pipeline import swag, task_features as features_lib
+from input_pipeline.tasks import features as features_lib, swag
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
@@ -133,7 +133,7 @@ def test_swag_task_scores_accuracy_against_chance(tmp_path):
   files = {name: write_csv(tmp_path / f'{name}.csv', HEADER, ROWS) for name in ('train', 'val')}
   files['test'] = write_csv(tmp_path / 'test.csv', HEADER[:-1], [r[:-1] for r in ROWS])
   c = finetune_configs.get_config('swag')
-  assert (c.train.batch_size, c.optimizer.learning_rate, c.train.num_epochs,
+  assert (c.train.global_batch_size, c.optimizer.learning_rate, c.train.num_epochs,
           c.data.max_seq_length) == (16, 2e-5, 3, 128)  # the paper's section 4.4
   c.data.train_file, c.data.dev_file, c.data.test_file = files['train'], files['val'], files['test']
   records = finetune_tasks.read_task(c)

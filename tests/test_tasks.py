@@ -9,9 +9,10 @@ import tarfile
 import numpy as np
 import pytest
 
-from bert_jax.metrics import normalize_answer
-from input_pipeline import conll, glue, mr, squad, task_features, tasks
-from input_pipeline.tasks import Example, TaggedSentence
+from bert_jax.finetune import squad_answers
+from bert_jax.finetune.metrics import normalize_answer
+from input_pipeline.tasks import conll, features as task_features, glue, mr, records as tasks, squad
+from input_pipeline.tasks.records import Example, TaggedSentence
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), 'data')
@@ -656,8 +657,9 @@ def squad_file(tmp_path):
 
 
 def _span_text(example, feature, tokenizer):
-  return squad._span_text(example, feature, feature.start_position, feature.end_position,
-                          tokenizer, squad.text_normalization(tokenizer))
+  return squad_answers._span_text(example, feature, feature.start_position,
+                                  feature.end_position, tokenizer,
+                                  squad_answers.text_normalization(tokenizer))
 
 
 def test_squad_windows_recover_every_gold_span(squad_file, tokenizer):
@@ -724,17 +726,18 @@ def test_squad_predictions_from_gold_logits(squad_file, tokenizer):
           'q5': 'John Smith', 'q6': 'Japanese', 'q7': '75 billion dollars', 'q8': ''}
   # The null score is the smallest over the windows: 0 where a window holds the answer (vs
   # 20 for the span), 20 everywhere for the unanswerable q8 (vs 0 for any span).
-  v2 = squad.squad_predictions(examples, features, start, end, tokenizer,
-                               version_2_with_negative=True)
+  v2 = squad_answers.squad_predictions(examples, features, start, end, tokenizer,
+                                       version_2_with_negative=True)
   assert v2.predictions == want
   assert v2.null_odds == {q: -20.0 if a else 20.0 for q, a in want.items()}
-  v2 = squad.squad_predictions(examples, features, start, end, tokenizer,
-                               version_2_with_negative=True, null_score_diff_threshold=25.0)
+  v2 = squad_answers.squad_predictions(examples, features, start, end, tokenizer,
+                                       version_2_with_negative=True,
+                                       null_score_diff_threshold=25.0)
   assert v2.predictions['q8'] != '' and v2.predictions['q1'] == '1895'
   assert v2.nbest['q1'][0]['text'] == '1895' and len(v2.nbest['q1']) == 21  # 20 + null
   assert abs(sum(e['probability'] for e in v2.nbest['q1']) - 1) < 1e-9
   # SQuAD 1.1: no null answer; a window without the answer adds nothing.
-  v1 = squad.squad_predictions(examples, features, start, end, tokenizer)
+  v1 = squad_answers.squad_predictions(examples, features, start, end, tokenizer)
   assert {q: v1.predictions[q] for q in want if q != 'q8'} == {
       q: a for q, a in want.items() if q != 'q8'}
 
@@ -748,26 +751,27 @@ def test_squad_answer_length_and_max_context_rules(squad_file, tokenizer):
   assert 20 in f0.token_to_orig_map and 51 in f0.token_to_orig_map
   start[0, 20], end[0, 51] = 10, 10  # 32 tokens: longer than max_answer_length=30
   start[0, 15], end[0, 16] = 4, 4
-  got = squad.squad_predictions(examples, features, start, end, tokenizer,
-                                max_answer_length=30)
+  got = squad_answers.squad_predictions(examples, features, start, end, tokenizer,
+                                        max_answer_length=30)
   words = examples[0].doc_tokens
-  assert got.predictions['q1'] == squad.get_final_text(
-      squad.detokenize([tokenizer.id_to_token(int(i)) for i in f0.input_ids[15:17]], tokenizer),
+  assert got.predictions['q1'] == squad_answers.get_final_text(
+      squad_answers.detokenize([tokenizer.id_to_token(int(i)) for i in f0.input_ids[15:17]],
+                               tokenizer),
       ' '.join(words[f0.token_to_orig_map[15]:f0.token_to_orig_map[16] + 1]), True)
   # A start outside its max-context window is never chosen.
   not_max = next(p for p, m in features[1].token_is_max_context.items() if not m)
   start[:], end[:] = -100, -100
   start[1, not_max], end[1, not_max] = 20, 20
   start[0, 15], end[0, 15] = 1, 1
-  got = squad.squad_predictions(examples, features, start, end, tokenizer)
+  got = squad_answers.squad_predictions(examples, features, start, end, tokenizer)
   assert got.nbest['q1'][0]['start_logit'] == 1
 
 
 def test_get_final_text_projects_onto_the_original():
-  assert squad.get_final_text('steve smith', "Steve Smith's", True) == 'Steve Smith'
-  assert squad.get_final_text('1895', '(1895-1943).', True) == '1895'
-  assert squad.get_final_text('zurich', 'Zürich,', True) == 'Zürich'
-  assert squad.get_final_text('absent', 'Other words', True) == 'Other words'
+  assert squad_answers.get_final_text('steve smith', "Steve Smith's", True) == 'Steve Smith'
+  assert squad_answers.get_final_text('1895', '(1895-1943).', True) == '1895'
+  assert squad_answers.get_final_text('zurich', 'Zürich,', True) == 'Zürich'
+  assert squad_answers.get_final_text('absent', 'Other words', True) == 'Other words'
 
 
 def test_squad_training_drops_unrecoverable_answers(squad_file, tokenizer):
@@ -840,18 +844,19 @@ def test_squad_answers_keep_the_sentencepiece_models_own_casing(squad_file, tmp_
   for lowercase in (False, True):
     tok = _spm(tmp_path, lowercase)
     assert tok.do_lower_case is lowercase  # read from the model, not guessed
-    assert squad.text_normalization(tok) == (lowercase, False)  # SentencePiece keeps accents
+    # SentencePiece keeps accents.
+    assert squad_answers.text_normalization(tok) == (lowercase, False)
     features = squad.squad_features(examples, tok, max_seq_length=48, max_query_length=12)
-    got = squad.squad_predictions(examples, features, *_gold_logits(features, 48), tok)
+    got = squad_answers.squad_predictions(examples, features, *_gold_logits(features, 48), tok)
     # The spans' words are "Smith's" and "Zürich,": the answer is cut out of them.
     assert got.predictions == {'who': 'Steve Smith', 'where': 'Zürich'}, lowercase
   # Guessing lowercase for the cased model (the bug): its "Steve Smith" is not found in the
   # lowercased context, so the whole words come back. BERT's accent stripping, applied to
   # the case-folding model's "zürich", loses "Zürich" the same way.
-  assert squad.get_final_text('Steve Smith', "Steve Smith's", True) == "Steve Smith's"
-  assert squad.get_final_text('Steve Smith', "Steve Smith's", False) == 'Steve Smith'
-  assert squad.get_final_text('zürich', 'Zürich,', True) == 'Zürich,'
-  assert squad.get_final_text('zürich', 'Zürich,', True, False) == 'Zürich'
+  assert squad_answers.get_final_text('Steve Smith', "Steve Smith's", True) == "Steve Smith's"
+  assert squad_answers.get_final_text('Steve Smith', "Steve Smith's", False) == 'Steve Smith'
+  assert squad_answers.get_final_text('zürich', 'Zürich,', True) == 'Zürich,'
+  assert squad_answers.get_final_text('zürich', 'Zürich,', True, False) == 'Zürich'
 
 
 # evaluate-v2.0.py, the official SQuAD 2.0 evaluation script (linked from
@@ -986,7 +991,7 @@ def _official_best_thresholds(gold, preds, na_probs):
 
 
 def test_squad_v2_best_thresholds_are_the_official_scripts(squad_file, tokenizer, capsys):
-  from bert_jax import metrics  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import metrics  # pylint: disable=g-import-not-at-top
   words = ['alpha', 'beta', 'gamma', 'the', 'delta', 'a']
   for seed in range(20):
     rng = random.Random(seed)
@@ -1013,8 +1018,8 @@ def test_squad_v2_best_thresholds_are_the_official_scripts(squad_file, tokenizer
   logits = np.random.default_rng(0).normal(size=(2, len(features), 64))
   for shift in (-3.0, 0.0, 3.0):  # the null's logits raised or lowered
     logits[:, :, 0] += shift
-    out = squad.squad_predictions(examples, features, *logits, tokenizer,
-                                  version_2_with_negative=True)
+    out = squad_answers.squad_predictions(examples, features, *logits, tokenizer,
+                                          version_2_with_negative=True)
     gold = squad.gold_answers(examples)
     assert metrics.squad_v2_best_thresholds(gold, out.predictions, out.null_odds) == (
         pytest.approx(_official_best_thresholds(gold, out.predictions, out.null_odds)))

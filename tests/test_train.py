@@ -12,7 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, run_setup, train
+from bert_jax.pretrain import run as train
+from bert_jax.pretrain import step as pretrain_step
+from bert_jax.training import checkpointing, run_control, setup as run_setup
 from configs import bert_tiny, common
 from input_pipeline.tokenizer import WordPieceTokenizer
 
@@ -135,7 +137,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
                                                     'optimizer.warmup_steps': 0,
                                                     'optimizer.clip_norm': 0.0,
                                                     'train.checkpoint_every': 1}))
-  with pytest.raises(train.NonFiniteError, match=r'step \d+: loss=.* is not finite') as err:
+  with pytest.raises(run_control.NonFiniteError, match=r'step \d+: loss=.* is not finite') as err:
     train.train_and_evaluate(config, str(tmp_path))
   bad_step = int(str(err.value).split(':')[0].split()[-1])
   latest = checkpointing.make_manager(str(tmp_path)).latest_step()
@@ -190,7 +192,7 @@ def test_phase2_init_from_takes_params_only(data, tmp_path):
   train.train_and_evaluate(config_with(overrides(data, steps=5)), phase1)
   values = overrides(data, steps=3, **{'train.init_from': phase1})
   config = config_with(values)
-  state = train._initial_state(run_setup.from_config(config))
+  state = train._initial_state(pretrain_step.setup(config))
   _, params = checkpointing.restore_params(phase1)
   assert int(state.step) == 0
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(state.params), params)
@@ -204,7 +206,7 @@ LAMB = {'optimizer.name': 'lamb', 'optimizer.schedule': 'poly_warmup',
 
 def _state_of(config, workdir=None):
   """The run's initial state (`_initial_state`), or a workdir's latest saved one."""
-  setup = run_setup.from_config(config)
+  setup = pretrain_step.setup(config)
   if workdir is None:
     return train._initial_state(setup)
   abstract = setup.abstract_state()
@@ -264,7 +266,7 @@ def test_resuming_with_another_layer_layout_is_a_clear_error_that_keeps_the_conf
                                                          'lamb_phase2'])])
 def test_every_config_builds(name, phases):
   import importlib
-  from bert_jax import optim
+  from bert_jax.training import optim
   module = importlib.import_module(f'configs.{name}')
   for phase in phases:
     config = module.get_config(phase)
@@ -288,7 +290,7 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
   (NSP head untrained) is still a whole BertForPreTraining."""
   out = tmp_path / 'data' / 'rows'
   done = subprocess.run(
-      [sys.executable, '-m', 'input_pipeline.create_pretraining_data',
+      [sys.executable, '-m', 'input_pipeline.pretraining.create_pretraining_data',
        f'--input_file={data / "train.txt"}', f'--output_file={out}',
        f'--vocab_file={data / "vocab.txt"}', '--max_seq_length=64',
        '--max_predictions_per_seq=10', '--dupe_factor=1', '--num_shards=2',
@@ -319,8 +321,8 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
     assert result['train']['loss'] == result['train']['mlm_loss']
     assert result['eval']['loss'] == result['eval']['mlm_loss']
     import transformers
-    from bert_jax import export
-    path = export.export_workdir(workdir, str(tmp_path / 'hf'))
+    from bert_jax.convert.workdir import export_workdir
+    path = export_workdir(workdir, str(tmp_path / 'hf'))
     _, info = transformers.BertForPreTraining.from_pretrained(path, output_loading_info=True)
     assert not info['missing_keys'] and not info['unexpected_keys']
 
@@ -342,7 +344,7 @@ def test_init_from_a_scanned_workdir_into_an_unrolled_run(data, scanned_phase1, 
   layer_i is slice i of the stacked layers, everything else equal; then it trains."""
   config = config_with(overrides(data, steps=2, **{'model.scan_layers': False,
                                                    'train.init_from': scanned_phase1}))
-  state = jax.device_get(train._initial_state(run_setup.from_config(config)))
+  state = jax.device_get(train._initial_state(pretrain_step.setup(config)))
   step, saved = checkpointing.restore_params(scanned_phase1)
   assert step == 2 and int(state.step) == 0
   layers = saved['encoder']['layers']
@@ -372,7 +374,7 @@ def test_init_from_another_model_size_is_a_clear_error_at_start(data, scanned_ph
 
 def test_init_from_another_casing_or_vocabulary_is_a_clear_error(data, scanned_phase1, tmp_path):
   def initial_state(**values):
-    return train._initial_state(run_setup.from_config(config_with(overrides(data, steps=2, **{
+    return train._initial_state(pretrain_step.setup(config_with(overrides(data, steps=2, **{
         'train.init_from': scanned_phase1, **values}))))
 
   flag = r'--config\.train\.init_from_allow_vocab_change=True'

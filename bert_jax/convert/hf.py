@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.model import BertConfig, init_params
+from bert_jax.model.encoder import BertConfig, init_params
 from input_pipeline import fs
 
 Array = np.ndarray
@@ -265,8 +265,8 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
 # ----------------------------------------------------------------------------- files
 
 
-def _read_weights(path: str) -> StateDict:
-  """All tensors of an HF directory as float-or-int numpy arrays, keyed as stored."""
+def read_weights(path: str) -> StateDict:
+  """All tensors of a local HF directory as float-or-int numpy arrays, keyed as stored."""
   single = os.path.join(path, 'model.safetensors')
   index = os.path.join(path, 'model.safetensors.index.json')
   legacy = os.path.join(path, 'pytorch_model.bin')
@@ -341,7 +341,7 @@ def load_pretrained(path: str, *, rng: jax.Array | None = None,
   if config_overrides:
     cfg = cfg.replace(**config_overrides)
   with fs.local_dir(path) as local:  # safetensors and torch read local files
-    params = params_from_hf(_read_weights(local), cfg, rng=rng, source=path)
+    params = params_from_hf(read_weights(local), cfg, rng=rng, source=path)
   return cfg, params
 
 

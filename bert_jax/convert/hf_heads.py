@@ -21,9 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import heads, hf, model
-from bert_jax.heads import HEAD_PARAM, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, Head
-from bert_jax.model import BertConfig
+from bert_jax.convert import hf
+from bert_jax.model import encoder as model, heads
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import Head, HEAD_PARAM, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN
 from input_pipeline import fs
 
 ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',

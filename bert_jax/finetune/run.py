@@ -1,7 +1,5 @@
-r"""Fine-tune a start point on a task, evaluate every epoch, report and export the best.
-
-  python -m bert_jax.finetune --config=configs/finetune.py:mrpc --init=uncased_L-12_H-768_A-12 \
-      --workdir=runs/mrpc --config.data.glue_dir=glue_data/MRPC [--config.seeds=5]
+"""Fine-tune a start point on a task, evaluate every epoch, report and export the best
+(`python -m bert_jax.finetune`, bert_jax/finetune/__main__.py).
 
 `--init` is anything `start_points.load_start_point` reads: our pre-training workdir, an HF
 directory (BertForPreTraining, BertModel, sentence-transformers, a fine-tuned BertFor<Task>)
@@ -26,34 +24,26 @@ majority-class (mean, no-answer) baseline go to `<workdir>/results.json` and `re
 
 from __future__ import annotations
 
-if __name__ == '__main__':  # before the heavy imports, which the new process then does once
-  from bert_jax import host_malloc
-  host_malloc.reexec_with_tuned_malloc()
-
 import ast
-import functools
+import collections
 import json
 import math
-import os
 import statistics
 import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
-from absl import app, flags, logging
+from absl import logging
 from jax.experimental import multihost_utils
-from ml_collections import config_flags
 
-from bert_jax import checkpointing, finetune_step as fst, finetune_tasks, hf_heads, optim
-from bert_jax import log_filters, progress, run_control, run_setup, sharding as shd
-from bert_jax import start_points
-from bert_jax.metric_writer import MetricWriter
+from bert_jax.convert import hf_heads, start_points
+from bert_jax.finetune import step as fst, tasks as finetune_tasks
+from bert_jax.training import checkpointing, progress, run_control, setup as run_setup
+from bert_jax.training import sharding as shd
+from bert_jax.training.loop import Hooks, Loop
+from bert_jax.training.metric_writer import MetricWriter
 from input_pipeline import fs
-
-FLAGS = flags.FLAGS
 
 # A checkpoint's progress item: 2 = every score on a 0-1 scale (SQuAD's were percentages).
 SCORES_VERSION = 2
@@ -107,19 +97,20 @@ def load_start(config):
   return start
 
 
-def batch_multiple(mesh) -> int:
+def batch_multiple(config) -> int:
   """Global batches must split evenly over the batch devices and the processes."""
-  return math.lcm(mesh.shape['data'] * mesh.shape['fsdp'], jax.process_count())
+  data, fsdp, _ = shd.mesh_shape(tuple(config.mesh), jax.device_count())
+  return math.lcm(data * fsdp, jax.process_count())
 
 
-def check_batch_sizes(config, mesh) -> int:
+def check_batch_sizes(config) -> int:
   """The eval batch, rounded up to what the mesh splits evenly; the train batch must fit."""
-  multiple = batch_multiple(mesh)
+  multiple = batch_multiple(config)
   t = config.train
-  if t.batch_size < 1 or t.batch_size % multiple:
-    raise ValueError(f'train.batch_size={t.batch_size} must be a positive multiple of {multiple} '
-                     f'(the mesh\'s data x fsdp devices and the processes); change '
-                     '--config.train.batch_size or --config.mesh')
+  if t.global_batch_size < 1 or t.global_batch_size % multiple:
+    raise ValueError(f'train.global_batch_size={t.global_batch_size} must be a positive '
+                     f'multiple of {multiple} (the mesh\'s data x fsdp devices and the '
+                     'processes); change --config.train.global_batch_size or --config.mesh')
   if t.num_epochs < 1:
     raise ValueError(f'train.num_epochs={t.num_epochs}: need at least 1')
   if config.data.length_buckets < 1:
@@ -231,51 +222,36 @@ def best_epoch_index(history: list[dict], split: str) -> int | None:
 # ----------------------------------------------------------------------------- one seed
 
 
-class Steps:
-  """The optimizer, shardings and jitted steps of one (model, head, optimizer, run length,
-  mesh), each jitted on first use."""
-
-  def __init__(self, cfg, head, kind: str, optimizer_json: str, total_steps: int, mesh, rules):
-    self.cfg, self.head, self.kind, self.mesh, self.rules = cfg, head, kind, mesh, rules
-    self.tx, self.schedule = optim.from_config(
-        ml_collections.ConfigDict(json.loads(optimizer_json)), total_steps)
-    self.shardings = fst.state_shardings(cfg, head, self.tx, mesh, rules)
-    self._train_step = self._predict = None
-
-  def train_step(self, state, batch):
-    if self._train_step is None:
-      self._train_step = fst.jit_train_step(self.cfg, self.head, self.kind, self.tx,
-                                            self.schedule, self.mesh, self.rules, self.shardings)
-    return self._train_step(state, batch)
-
-  def predict(self, params, batch):
-    if self._predict is None:
-      self._predict = fst.jit_predict_step(self.cfg, self.head, self.mesh, self.rules,
-                                           self.shardings)
-    return self._predict(params, batch)
+_SETUPS: collections.OrderedDict = collections.OrderedDict()
 
 
-@functools.lru_cache(maxsize=4)
-def steps_for(*key) -> Steps:
-  """One `Steps` per distinct key in this process: seeds, a resumed call and repeated runs
-  in one process (a notebook, the tests) that agree on everything compile once."""
-  return Steps(*key)
+def setup_for(config, start_cfg, head, kind: str, total_steps: int) -> run_setup.RunSetup:
+  """The run setup (bert_jax/training/setup.py) of a task's objective, one per distinct
+  (model, head, optimizer, run length, mesh) in this process: seeds, a resumed call and
+  repeated runs in one process (a notebook, the tests, the demo's arms) compile once."""
+  key = (start_cfg, head, kind, config.optimizer.to_json(), total_steps, tuple(config.mesh),
+         repr(config.sharding_rules), config.data.max_seq_length)
+  if key not in _SETUPS:
+    objective = fst.objective(start_cfg, head, kind, config.data.max_seq_length)
+    _SETUPS[key] = run_setup.build(config, objective, total_steps)
+    while len(_SETUPS) > 4:
+      _SETUPS.popitem(last=False)
+  _SETUPS.move_to_end(key)
+  return _SETUPS[key]
 
 
 class Program:
-  """What every seed of a run shares: the step geometry and the compiled steps."""
+  """What every seed of a run shares: the step geometry and the run setup."""
 
-  def __init__(self, config, task, start, mesh, rules, eval_batch: int):
+  def __init__(self, config, task, start, eval_batch: int):
     t = config.train
-    self.mesh, self.eval_batch = mesh, eval_batch
-    self.batch = t.batch_size
+    self.eval_batch = eval_batch
+    self.batch = t.global_batch_size
     self.steps_per_epoch = -(-task.num_train // self.batch)
     self.total_steps = self.steps_per_epoch * t.num_epochs
     self.stop_step = min(t.stop_after_epoch or t.num_epochs, t.num_epochs) * self.steps_per_epoch
-    self.steps = steps_for(start.cfg, task.head, task.kind, config.optimizer.to_json(),
-                           self.total_steps, mesh, rules)
-    self.tx, self.shardings = self.steps.tx, self.steps.shardings
-    self.cfg, self.head = start.cfg, task.head
+    self.setup = setup_for(config, start.cfg, task.head, task.kind, self.total_steps)
+    self.mesh = self.setup.mesh
     self.length_buckets = config.data.length_buckets
     self.token_outputs = task.kind in (finetune_tasks.TAGGING, finetune_tasks.SPAN)
     # Span training keeps whole rows: the reference's start/end softmax runs over every
@@ -284,19 +260,16 @@ class Program:
     self.train_buckets = 1 if task.kind == finetune_tasks.SPAN else self.length_buckets
 
   def train_step(self, state, batch):
-    return self.steps.train_step(state, shd.global_batch(batch, self.mesh))
+    return self.setup.train_step()(state, batch)
 
   def predict(self, params, arrays: dict) -> dict:
-    return predict_all(self.steps.predict, params, arrays, self.eval_batch, self.mesh,
+    return predict_all(self.setup.eval_step(), params, arrays, self.eval_batch, self.mesh,
                        self.length_buckets, token_outputs=self.token_outputs)
 
-  def abstract_state(self):
-    return checkpointing.abstract_like(self.shardings,
-                                       fst.abstract_state(self.cfg, self.head, self.tx))
 
-
-class SeedRun:
-  """Training, evaluation and export of one seed in `<workdir>/seed_<seed>`."""
+class SeedRun(Hooks):
+  """Training, evaluation and export of one seed in `<workdir>/seed_<seed>`: the shared loop
+  (bert_jax/training/loop.py) with epoch ends as its boundaries."""
 
   def __init__(self, config, workdir: str, task, start, seed: int, export_dir: str | None,
                program: Program):
@@ -308,17 +281,10 @@ class SeedRun:
     self.history: list[dict] = []
     self.epoch_loss = [0.0, 0]  # loss sum and steps of the epoch in progress
     self.prediction_files: list[str] = []
-    self._throughput = None
+    self._timer = Throughput()  # examples per second of the epoch in progress
+    self._rows = (None, None)  # (epoch, its [steps, batch] rows)
 
   # ------------------------------------------------------------------- checkpoints
-
-  def _manager(self):
-    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
-                                           enable_async_checkpointing=False)
-    return ocp.CheckpointManager(
-        checkpointing.checkpoint_dir(self.dir), options=options,
-        item_handlers={'state': ocp.StandardCheckpointHandler(),
-                       'progress': ocp.JsonCheckpointHandler()})
 
   def _progress_item(self) -> dict:
     return {'history': self.history, 'epoch_loss': self.epoch_loss,
@@ -355,29 +321,23 @@ class SeedRun:
     raise ValueError(
         f'{self.dir}: its checkpoint was written by a run with {saved} (training rows, batch '
         f'size, steps over all epochs), this config gives {self._geometry()}; resume with the '
-        'same data, train.batch_size and train.num_epochs (train.stop_after_epoch ends a run '
-        'early without changing it), or use a fresh --workdir')
+        'same data, train.global_batch_size and train.num_epochs (train.stop_after_epoch ends '
+        'a run early without changing it), or use a fresh --workdir')
 
-  def _save(self, manager, state) -> None:
-    step = int(jax.device_get(state.step))
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(self._progress_item())),
-                 force=True)
-    manager.wait_until_finished()
+  def save(self, state, step: int) -> None:
+    checkpointing.save(self.manager, step, state, progress=self._progress_item(), force=True)
+    self.manager.wait_until_finished()
 
   def _initial_state(self, manager):
     """The latest checkpoint (state and scores so far), else the start point plus a head."""
     latest = manager.latest_step()
     if latest is not None:
-      abstract_state = self.program.abstract_state()
-      checkpointing.check_same_layout(
-          manager, latest, abstract_state,
-          'Resume with the model.scan_layers (and task) the run was started with (its '
-          'config.json: older fine-tuning runs were scanned, --config.model.scan_layers=True), '
-          'or fine-tune into a new workdir.')
-      restored = manager.restore(latest, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), progress=ocp.args.JsonRestore()))
-      saved = self._read_rescored(latest) or restored['progress']
+      state, progress_item = checkpointing.restore(
+          manager, latest, self.program.setup.abstract_state(), with_progress=True,
+          what_to_do='Resume with the model.scan_layers (and task) the run was started with '
+          '(its config.json: older fine-tuning runs were scanned, '
+          '--config.model.scan_layers=True), or fine-tune into a new workdir.')
+      saved = self._read_rescored(latest) or progress_item
       self._check_geometry(saved['geometry'])
       if (saved.get('scores_version') != SCORES_VERSION and saved['history'] and
           self.task.kind == finetune_tasks.SPAN):
@@ -389,14 +349,14 @@ class SeedRun:
       self.prediction_files = list(saved['prediction_files'])
       logging.info('seed %d: resumed from step %d (%d epochs done)', self.seed, latest,
                    len(self.history))
-      return restored['state']
+      return state
     start = self.start
     if start.kind == start_points.RANDOM:  # random:<...>: every seed its own random encoder
       start = start_points.randomized(start, jax.random.fold_in(jax.random.key(self.seed), 1))
     _, params = start_points.init_head_params(
         start, self.task.head, rng=jax.random.key(self.seed),
         fresh_head=self.config.fresh_head)
-    return fst.state_from_params(params, self.program.shardings, self.program.tx, self.seed)
+    return self.program.setup.state_from_params(params, self.seed)
 
   # ------------------------------------------------------------------- the loop
 
@@ -408,33 +368,29 @@ class SeedRun:
     predictions, saves the trained state at once and leaves the scoring to the resumed run,
     which redoes it from the same state (the same scores) before training on."""
     p = self.program
-    manager = self._manager()
-    state = self._initial_state(manager)
+    self.manager = checkpointing.make_manager(self.dir, max_to_keep=1, async_save=False)
+    state = self._initial_state(self.manager)
     step = int(state.step)
-    writer = MetricWriter(self.dir)
-    bar = progress.progress_bar(p.total_steps, step, desc=f'seed {self.seed}', unit='step',
-                                disable=not self.is_chief)
+    self.writer = MetricWriter(self.dir)
+    self.bar = progress.progress_bar(p.total_steps, step, desc=f'seed {self.seed}',
+                                     unit='step', disable=not self.is_chief)
+    self.preemption = preemption
     try:
-      while True:
-        if self._epoch_unscored(step):
-          scored = self._end_epoch(state, step, bar, writer, preemption)
-          if manager.latest_step() != step:
-            self._save(manager, state)
-          elif scored:  # a resumed run re-scored a saved step
-            self._write_rescored(step)
-          if not scored:
-            break
-        if step >= p.stop_step or preemption.requested:
-          break
-        state, step = self._train_epoch(state, step, bar, writer, preemption, manager)
-        if preemption.requested:
-          self._save(manager, state)
-          break
+      stopped = False
+      if self._epoch_unscored(step):  # saved at an epoch end whose scoring a notice cut short
+        stopped = not self._end_epoch(state, step)
+        if not stopped:
+          self._write_rescored(step)
+      if not stopped and step < p.stop_step:
+        loop = Loop(p.train_step, self, preemption, self.writer, self.bar,
+                    self.config.train.log_every, latest_checkpoint=self.manager.latest_step,
+                    label=f'seed {self.seed}')
+        state, step, stopped = loop.run(state, p.stop_step)
     finally:
-      bar.close()
-      manager.close()
-      writer.close()
-    if preemption.requested:
+      self.bar.close()
+      self.manager.close()
+      self.writer.close()
+    if stopped:
       logging.warning('preemption notice: seed %d saved step %d; run the same command to '
                       'resume', self.seed, step)
     return self.result(step)
@@ -444,64 +400,57 @@ class SeedRun:
     spe = self.program.steps_per_epoch
     return step > 0 and step % spe == 0 and len(self.history) < step // spe
 
-  def _train_epoch(self, state, step, bar, writer, preemption, manager):
-    """One epoch from `step` on. Step N's metrics are read once step N+1 is dispatched, so the
-    device never waits for the host between steps; a non-finite loss still stops the run
-    before the epoch's checkpoint (or any later one) is written."""
+  # ------------------------------------------------------------------- loop hooks
+
+  def next_batch(self, step: int):
+    """Step `step + 1`'s rows of the epoch's permutation (seed, epoch), cut to their length
+    bucket; this process's share goes to the devices."""
     p = self.program
-    epoch, offset = divmod(step, p.steps_per_epoch)
-    rows = epoch_rows(self.seed, epoch, self.task.num_train, p.batch)
-    timer = Throughput()
-    pending = None
-    for b in range(offset, p.steps_per_epoch):
-      length = bucket_length(self.task.train, rows[b], p.train_buckets)
-      batch = take(self.task.train, local_rows(rows[b]), finetune_tasks.DEVICE_ARRAYS, length)
-      state, metrics = p.train_step(state, batch)
-      step += 1
-      if pending:
-        self._record(*pending, epoch, bar, writer, manager)
-      pending = (step, metrics)
-      timer.step(int((rows[b] >= 0).sum()))
-      if preemption.reached():
-        logging.warning('preemption notice: saving seed %d at step %d and exiting', self.seed,
-                        step)
-        break
-    if pending:
-      self._record(*pending, epoch, bar, writer, manager)
-    self._throughput = timer.rate()
-    return state, step
+    epoch, b = divmod(step, p.steps_per_epoch)
+    if self._rows[0] != epoch:
+      self._rows = (epoch, epoch_rows(self.seed, epoch, self.task.num_train, p.batch))
+    rows = self._rows[1][b]
+    length = bucket_length(self.task.train, rows, p.train_buckets)
+    batch = take(self.task.train, local_rows(rows), finetune_tasks.DEVICE_ARRAYS, length)
+    return shd.global_batch(batch, p.mesh), {'examples': int((rows >= 0).sum())}
 
-  def _record(self, step, metrics, epoch, bar, writer, manager) -> None:
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    run_control.check_finite(metrics, f'seed {self.seed} step {step}', manager.latest_step())
+  def is_boundary(self, step: int) -> bool:
+    return step % self.program.steps_per_epoch == 0
+
+  def at_boundary(self, state, step: int, preemption) -> bool:
+    return self._end_epoch(state, step)
+
+  def record(self, step: int, metrics: dict[str, float], info: dict) -> None:
     self.epoch_loss = [self.epoch_loss[0] + metrics['loss'], self.epoch_loss[1] + 1]
-    bar.update(1)
-    bar.set_postfix(epoch=epoch + 1, loss=f'{metrics["loss"]:.4f}', refresh=False)
-    if step % self.config.train.log_every == 0:
-      writer.write(step, metrics, 'train/')
+    self._timer.step(info['examples'])
 
-  def _end_epoch(self, state, step, bar, writer, preemption) -> bool:
+  def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+    epoch = len(self.history) + 1
+    return {'epoch': str(epoch), 'loss': f'{metrics["loss"]:.4f}'}
+
+  def _end_epoch(self, state, step: int) -> bool:
     """Score the dev splits; if this epoch is the best so far, score the test splits, write
     GLUE's leaderboard files and export. False, with nothing recorded, when a preemption
     notice is agreed on before the dev or the test predictions: the checkpoint comes first."""
-    if preemption.reached():
+    if self.preemption.reached():
       return False
     loss_sum, loss_steps = self.epoch_loss
     record = {'epoch': step // self.program.steps_per_epoch, 'step': step,
               'train_loss': loss_sum / max(loss_steps, 1),
-              'train_examples_per_second': self._throughput, 'scores': {}}
+              'train_examples_per_second': self._timer.rate(), 'scores': {}}
     for split in self.task.evals:
       if split.role == 'dev':
         outputs = self.program.predict(state.params, split.arrays)
         record['scores'][split.name] = self.task.score(split, outputs)
-    if preemption.reached():
+    if self.preemption.reached():
       return False
     self.epoch_loss = [0.0, 0]
+    self._timer = Throughput()
     self.history.append(record)
     if best_epoch_index(self.history, self.task.select_split.name) == len(self.history) - 1:
       self._on_best(state, record)
-    writer.write(step, flat_scores(record), 'eval/')
-    bar.write(self.epoch_line(record))
+    self.writer.write(step, flat_scores(record), 'eval/')
+    self.bar.write(self.epoch_line(record))
     return True
 
   def _on_best(self, state, record) -> None:
@@ -599,17 +548,14 @@ def run(config, workdir: str) -> dict:
   results.json and results.md; returns the results."""
   workdir = fs.absolute(workdir)
   seeds = seed_list(config.seeds, config.seed)
-  mesh = shd.make_mesh(tuple(config.mesh))
-  rules = shd.normalize_rules(config.sharding_rules)
-  eval_batch = check_batch_sizes(config, mesh)
+  eval_batch = check_batch_sizes(config)
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first epoch
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   records = finetune_tasks.read_task(config)  # bad task data fails now, not after ~20 s of loading
   start = load_start(config)
-  run_setup.warn_scanned_on_gpu(start.cfg, mesh)
   task = build_task(config, start, records)
-  program = Program(config, task, start, mesh, rules, eval_batch)
+  program = Program(config, task, start, eval_batch)
   runs = []
   preemption = run_control.PreemptionFlag()  # one for the job: its count spans every seed
   try:
@@ -711,36 +657,3 @@ def markdown(results: dict) -> str:
   if results['prediction_files']:
     lines += ['', 'Test predictions (best epoch): ' + ', '.join(results['prediction_files'])]
   return '\n'.join(lines) + '\n'
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  run_control.start_processes()
-  log_filters.quiet_library_info()
-  config = FLAGS.config
-  if FLAGS.init:
-    config.init = FLAGS.init
-  with run_control.user_errors():
-    results = run(config, FLAGS.workdir)
-  if jax.process_index() == 0:
-    print(markdown(results), end='')
-
-
-def define_flags():
-  """CLI flags, defined only when run as a program (importing must not claim flag names)."""
-  config_flags.DEFINE_config_file('config', None, 'e.g. configs/finetune.py:mrpc')
-  flags.DEFINE_string('init', None, 'Start point: our workdir, an HF directory or a TF '
-                      'checkpoint (sets config.init).')
-  flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, exports and results go here.')
-  run_control.define_process_flags()
-  flags.mark_flags_as_required(['config', 'workdir'])
-
-
-if __name__ == '__main__':
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  define_flags()
-  app.run(main)

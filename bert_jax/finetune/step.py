@@ -1,9 +1,9 @@
 """Fine-tuning losses and the jitted train and predict steps of the head models.
 
-The same machinery as pre-training (train_step.py): a `TrainState` sharded by the logical
-axis names of every parameter (`heads.logical_param_specs` through bert_jax/sharding.py's
-rules), batches sharded over (data, fsdp), the state donated, dropout keys
-`fold_in(state.rng, step)` so a resumed run draws the same masks.
+The same machinery as pre-training: `objective` hands the model, loss and readout to
+bert_jax/training/setup.py, which shards the state by the logical axis names of every
+parameter (`heads.logical_param_specs`), batches over (data, fsdp), donates the state and draws
+dropout keys `fold_in(state.rng, step)`, so a resumed run draws the same masks.
 
 Losses are weighted means over `label_weights`, so the zero-weight rows that pad an epoch's
 last batch (and the positions of a tagged row that carry no label) count for nothing:
@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import heads
-from bert_jax.model import BertConfig
-from bert_jax.train_step import TrainState, jit_readout, jit_update, shardings_for
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training.setup import Objective
+from bert_jax.training.state import TrainState
 
 MODEL_INPUTS = ('input_ids', 'input_mask', 'segment_ids')
 
@@ -73,49 +74,37 @@ def predict_step(params, batch, *, model) -> dict[str, jax.Array]:
   return {'logits': outputs}
 
 
-# ----------------------------------------------------------------------------- sharded setup
+# ----------------------------------------------------------------------------- the objective
 
 
-def abstract_params(cfg: BertConfig, head: heads.Head):
-  return jax.eval_shape(lambda: heads.init_params(cfg, head, jax.random.key(0)))
+def batch_shapes(kind: str, max_seq_length: int, num_choices: int = 4):
+  """`global_batch -> {array: (shape, dtype)}` of a task's training batch (featurize's arrays
+  that go to the devices): what an AOT compilation lowers the step for."""
+  int32, float32 = jnp.int32, jnp.float32
+
+  def shapes(b: int) -> dict:
+    rows = (b, num_choices, max_seq_length) if kind == 'multiple_choice' else (b, max_seq_length)
+    out = {k: (rows, int32) for k in MODEL_INPUTS}
+    if kind == 'span':
+      out.update(start_positions=((b,), int32), end_positions=((b,), int32),
+                 label_weights=((b,), float32))
+    elif kind == 'tagging':
+      out.update(labels=((b, max_seq_length), int32), label_weights=((b, max_seq_length), float32))
+    else:
+      out.update(labels=((b,), float32 if kind == 'regression' else int32),
+                 label_weights=((b,), float32))
+    return out
+
+  return shapes
 
 
-def state_shardings(cfg: BertConfig, head: heads.Head, tx, mesh, rules) -> TrainState:
-  return shardings_for(abstract_params(cfg, head), heads.logical_param_specs(cfg, head), tx,
-                       mesh, rules)
-
-
-def abstract_state(cfg: BertConfig, head: heads.Head, tx) -> TrainState:
-  """Shapes of the TrainState (the restore target), allocating nothing."""
-
-  def build():
-    params = heads.init_params(cfg, head, jax.random.key(0))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.key_data(jax.random.key(0)))
-
-  return jax.eval_shape(build)
-
-
-def state_from_params(params, shardings: TrainState, tx, seed: int) -> TrainState:
-  """Step 0 around a start point's params, placed straight into the sharded layout."""
-  params = jax.device_put(params, shardings.params)
-
-  def init(params):
-    dropout_key = jax.random.split(jax.random.key(seed))[1]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.key_data(dropout_key))
-
-  return jax.jit(init, out_shardings=shardings)(params)
-
-
-def jit_train_step(cfg: BertConfig, head: heads.Head, kind: str, tx, schedule, mesh, rules,
-                   shardings: TrainState):
-  step = functools.partial(train_step, model=heads.build_model(cfg, head), tx=tx,
-                           schedule=schedule, kind=kind)
-  return jit_update(step, shardings, mesh, rules)
-
-
-def jit_predict_step(cfg: BertConfig, head: heads.Head, mesh, rules, shardings: TrainState):
-  """Outputs replicated, so every process can score the whole split."""
-  step = functools.partial(predict_step, model=heads.build_model(cfg, head))
-  return jit_readout(step, shardings.params, mesh, rules)
+def objective(cfg: BertConfig, head: heads.Head, kind: str, max_seq_length: int) -> Objective:
+  """A task's objective: the encoder with `head`, the task's loss, predictions as readout."""
+  model = heads.build_model(cfg, head)
+  return Objective(
+      name=f'fine-tuning ({kind})', model_cfg=cfg,
+      init_params=lambda rng: heads.init_params(cfg, head, rng),
+      logical_specs=heads.logical_param_specs(cfg, head),
+      train_step=functools.partial(train_step, model=model, kind=kind),
+      eval_step=functools.partial(predict_step, model=model),
+      batch_shapes=batch_shapes(kind, max_seq_length))

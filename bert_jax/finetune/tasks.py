@@ -33,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import heads, metrics
-from input_pipeline import conll, fs, glue, mr, squad, swag, tasks
-from input_pipeline import task_features as features_lib
+from bert_jax.finetune import metrics, squad_answers
+from bert_jax.model import heads
+from input_pipeline import fs
+from input_pipeline.tasks import conll, features as features_lib, glue, mr, records as tasks, squad
+from input_pipeline.tasks import swag
 
 CLASSIFICATION, REGRESSION, TAGGING, SPAN = 'classification', 'regression', 'tagging', 'span'
 MULTIPLE_CHOICE = 'multiple_choice'
@@ -366,9 +368,10 @@ class Task:
     return self._squad_predictions(split, outputs).predictions
 
   def _squad_predictions(self, split: EvalSplit, outputs: dict[str, np.ndarray]):
-    """Answer texts, decoded with the tokenizer's own casing (squad.text_normalization)."""
+    """Answer texts, decoded with the tokenizer's own casing
+    (squad_answers.text_normalization)."""
     d = self.data_config
-    return squad.squad_predictions(
+    return squad_answers.squad_predictions(
         split.records, split.squad_features, outputs['start_logits'], outputs['end_logits'],
         self.tokenizer, n_best_size=d.n_best_size, max_answer_length=d.max_answer_length,
         version_2_with_negative=self.squad_v2,

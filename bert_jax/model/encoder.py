@@ -8,12 +8,12 @@ number:
   sequence, because the full-vocabulary projection is the single largest matmul in BERT;
 - layers run under `nn.scan`, so compile time does not grow with depth.
 
-Packed rows (input_pipeline/features.py) are handled by feature name: `packed_segment_ids` gives a
+Packed rows (input_pipeline/pretraining/features.py) are handled by feature name: `packed_segment_ids` gives a
 block-diagonal attention mask and `position_ids` restart per instance, so each instance gets
 exactly the logits it would get alone.
 
 Every parameter and the main activations carry logical axis names (`vocab`, `embed`, `heads`,
-`kv`, `mlp`, `batch`, `length`, `layers`) which `bert_jax.sharding` maps to mesh axes.
+`kv`, `mlp`, `batch`, `length`, `layers`) which `bert_jax.training.sharding` maps to mesh axes.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ class Encoder(nn.Module):
 class BertForPreTraining(nn.Module):
   """BERT with both pre-training heads.
 
-  Call with the feature dict's arrays (input_pipeline/features.py names). `masked_lm_positions` limits the MLM
+  Call with the feature dict's arrays (input_pipeline/pretraining/features.py names). `masked_lm_positions` limits the MLM
   head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
   Dropout is on when `deterministic=False` and needs a 'dropout' rng.
   """

@@ -13,7 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
 
 # Dense peak FLOP/s per device for MFU, by device_kind substring (bf16 where the chip has it).
 KNOWN_PEAKS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'TPU v4': 275e12,

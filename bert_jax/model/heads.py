@@ -7,7 +7,7 @@ The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same
 names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
 head model's tree minus the head: `with_encoder` moves one into the other. Everything else
 follows model.py too: scanned or unrolled layers, packed rows, bfloat16 compute with float32
-logits, and logical axis names on every parameter for `bert_jax.sharding`.
+logits, and logical axis names on every parameter for `bert_jax.training.sharding`.
 
 Like HF, the token and span models have no pooler (HF builds them with
 `add_pooling_layer=False`), so an exported directory loads with no unexpected keys.
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from bert_jax.model import (BertConfig, Embeddings, Encoder, _dense, attention_mask,
+from bert_jax.model.encoder import (BertConfig, Embeddings, Encoder, _dense, attention_mask,
                             gather_positions)
 
 SEQUENCE = 'sequence_classification'

@@ -1,18 +1,18 @@
-"""The training loop: setup (bert_jax/run_setup.py), resume, the step loop, eval, checkpoints.
+"""The pre-training run: setup (bert_jax/training/setup.py), resume, eval, checkpoints, around
+the shared loop (bert_jax/training/loop.py).
 
 Resumes from the latest checkpoint in `workdir` automatically (state and data position), so a
 preempted or killed run continues exactly where it stopped. A SIGTERM (a TPU preemption
-notice) or a Cloud maintenance event (bert_jax/maintenance.py) reaching any process makes
+notice) or a Cloud maintenance event (bert_jax/training/maintenance.py) reaching any process makes
 every process save the same step, before any eval that step would run, and return normally. A
 non-finite loss, gradient or parameter norm stops the run naming the step, without saving: the
-last checkpoint stays the last good one. The loop dispatches steps back to back (`_Loop`).
+last checkpoint stays the last good one. The loop dispatches steps back to back.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from typing import Any
 
 import jax
@@ -21,13 +21,16 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, flops, progress, run_setup, sharding as shd, start_points
-from bert_jax.metric_writer import MetricWriter
-from bert_jax import run_control
-from bert_jax.run_control import NonFiniteError, PreemptionFlag  # callers use train.NonFiniteError
-from bert_jax import train_step as ts
-from input_pipeline import dataset as data_lib
+from bert_jax.convert import start_points
+from bert_jax.model import flops
+from bert_jax.training import checkpointing, progress, setup as run_setup
+from bert_jax.training import sharding as shd
+from bert_jax.training.loop import Hooks, Loop
+from bert_jax.training.metric_writer import MetricWriter
+from bert_jax.training.run_control import PreemptionFlag
+from bert_jax.pretrain import step as ts
 from input_pipeline import fs
+from input_pipeline.pretraining import dataset as data_lib
 
 
 def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.ReaderConfig:
@@ -150,7 +153,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   workdir = fs.absolute(workdir)
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first hours of training
-  setup = run_setup.from_config(config)
+  setup = ts.setup(config)
   t = config.train
   logging.info('mesh %s over %d devices, %d processes', dict(setup.mesh.shape),
                jax.device_count(), jax.process_count())
@@ -163,136 +166,95 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   if state is None:
     state = _initial_state(setup)
-  loop = _Loop(setup, workdir, manager, train_iter)
+  step = int(jax.device_get(state.step))
+  preemption = PreemptionFlag()
+  writer = MetricWriter(workdir)
+  bar = progress.progress_bar(t.num_steps, step, desc='train', unit='step',
+                              disable=jax.process_index() != 0)
+  hooks = _PretrainingHooks(setup, workdir, manager, train_iter, writer, bar)
+  loop = Loop(
+      setup.train_step(), hooks, preemption, writer, bar, t.log_every,
+      latest_checkpoint=manager.latest_step,
+      tokens_per_step=t.global_batch_size * config.data.max_seq_length,
+      flops_per_step=flops.train_flops_per_step(
+          setup.model_cfg, t.global_batch_size, config.data.max_seq_length,
+          config.data.max_predictions_per_seq),
+      peak_flops=(t.peak_flops_per_device or flops.peak_flops_per_device()) * jax.device_count())
   try:
-    return loop.run(state)
+    state, step, stopped = loop.run(state, t.num_steps)
+    if stopped:
+      logging.warning('preemption notice: all processes saved step %d, exiting', step)
+      bar.write(f'preemption notice: saved step {step}; run the same command to resume')
   finally:
+    preemption.restore()
+    bar.close()
+    writer.close()
     manager.wait_until_finished()
     manager.close()
+  return {'step': step, 'train': loop.last_train, 'eval': hooks.last_eval}
 
 
-class _Loop:
-  """The steady state never waits on the host: step N+1 is dispatched before step N's metrics
-  are read, and the batch after it is read and copied to the devices while step N+1 runs.
+class _PretrainingHooks(Hooks):
+  """Batches from the TFRecord reader, whose position every checkpoint saves before the next
+  batch is read (so a resumed run gets exactly the batches an uninterrupted one would);
+  boundaries at checkpoints, evals and profile ends; held-out eval before the checkpoint of its
+  step, unless a preemption notice is agreed on first (the checkpoint comes first then)."""
 
-  Only boundaries sync: before a checkpoint or eval the step's metrics are checked, so a
-  non-finite loss, gradient or parameter stops the run before any bad state is saved; and a
-  preemption notice is agreed by all processes (`PreemptionFlag.reached`), which save that
-  step and return. The data iterator is saved before the next batch is read, so a resumed run
-  gets exactly the batches an uninterrupted one would."""
-
-  def __init__(self, setup: run_setup.RunSetup, workdir: str, manager, train_iter):
+  def __init__(self, setup: run_setup.RunSetup, workdir: str, manager, train_iter, writer, bar):
     self.setup, self.workdir, self.manager, self.train_iter = setup, workdir, manager, train_iter
+    self.writer, self.progress = writer, bar
     config, t = setup.config, setup.config.train
-    self.train_step = setup.train_step()
     self.eval_step = setup.eval_step() if config.data.eval_files else None
-    self.step_flops = flops.train_flops_per_step(
-        setup.model_cfg, t.global_batch_size, config.data.max_seq_length,
-        config.data.max_predictions_per_seq)
-    self.peak = t.peak_flops_per_device or flops.peak_flops_per_device()
     self.profile = tuple(int(x) for x in t.profile_steps.split(',')) if t.profile_steps else None
-    self.last_train: dict[str, float] = {}
+    self.profile_dir = None
     self.last_eval: dict[str, float] = {}
 
-  def _next_batch(self):
+  def next_batch(self, step: int):
     """The next global batch on the devices (the copy runs asynchronously) and its real-token
     count, from host numpy: nothing here waits on a step."""
     local = next(self.train_iter)
     tokens = int(local['input_mask'].sum()) * jax.process_count()
-    return shd.global_batch(local, self.setup.mesh), tokens
+    return shd.global_batch(local, self.setup.mesh), {'tokens': tokens}
 
-  def _is_boundary(self, step: int) -> bool:
+  def before_step(self, step: int) -> None:
+    if self.profile and step == self.profile[0] + 1:
+      self.profile_dir = tempfile.mkdtemp(prefix='bert_jax_profile_')
+      jax.profiler.start_trace(self.profile_dir)
+
+  def _eval_due(self, step: int) -> bool:
     t = self.setup.config.train
-    return (step % t.checkpoint_every == 0 or step == t.num_steps or
-            (self.eval_step is not None and step % t.eval_every == 0) or
+    return self.eval_step is not None and (step % t.eval_every == 0 or step == t.num_steps)
+
+  def is_boundary(self, step: int) -> bool:
+    t = self.setup.config.train
+    return (step % t.checkpoint_every == 0 or self._eval_due(step) or
             (self.profile is not None and step in self.profile))
 
-  def run(self, state) -> dict[str, Any]:
+  def saves_at(self, step: int) -> bool:
     t = self.setup.config.train
-    step = self.first_step = int(jax.device_get(state.step))
-    self.writer = MetricWriter(self.workdir)
-    self.progress = progress.progress_bar(t.num_steps, step, desc='train', unit='step',
-                                          disable=jax.process_index() != 0)
-    self.window = [time.time(), 0, 0]  # start, steps, real tokens since the last log line
-    preemption = PreemptionFlag()
-    pending = None  # (step, device metrics) dispatched but not yet read
-    try:
-      if step < t.num_steps:
-        batch = self._next_batch()
-      while step < t.num_steps:
-        if self.profile and step == self.profile[0]:
-          profile_dir = tempfile.mkdtemp(prefix='bert_jax_profile_')
-          jax.profiler.start_trace(profile_dir)
-        state, metrics = self.train_step(state, batch[0])
-        step += 1
-        tokens = batch[1]
-        stop = preemption.reached()
-        boundary = stop or self._is_boundary(step)
-        if not boundary:
-          batch = self._next_batch()  # read and copied while the step runs
-        if pending:
-          self._consume(*pending)  # the previous step: done, or the device is busy anyway
-        pending = (step, metrics, tokens)
-        if not boundary:
-          continue
-        self._consume(*pending)  # a checkpoint or eval sees only finite metrics
-        pending = None
-        if self.profile and step == self.profile[1]:
-          jax.profiler.stop_trace()  # the profiler writes local files only: copy them over
-          fs.upload_dir(profile_dir, fs.join(self.workdir, 'profile',
-                                             f'process_{jax.process_index()}'))
-          shutil.rmtree(profile_dir, ignore_errors=True)
-        evaluate_now = self.eval_step is not None and (
-            step % t.eval_every == 0 or step == t.num_steps)
-        # A notice that arrived during the step is agreed on here, before an eval eats the
-        # grace period: the checkpoint comes first and the eval is skipped.
-        stop = stop or (evaluate_now and preemption.reached())
-        if evaluate_now and not stop:
-          self._evaluate(state, step)
-        if step % t.checkpoint_every == 0 or step == t.num_steps or stop:
-          checkpointing.save(self.manager, step, state, self.train_iter, force=True)
-        if stop:
-          logging.warning('preemption notice: all processes saved step %d, exiting', step)
-          self.progress.write(f'preemption notice: saved step {step}; run the same command '
-                              'to resume')
-          break
-        if step < t.num_steps:
-          batch = self._next_batch()
-      if pending:
-        self._consume(*pending)
-    finally:
-      preemption.restore()
-      self.progress.close()
-      self.writer.close()
-    return {'step': step, 'train': self.last_train, 'eval': self.last_eval}
+    return step % t.checkpoint_every == 0 or step == t.num_steps
 
-  def _consume(self, step: int, metrics, tokens: int) -> None:
-    """Read a finished step's metrics: the non-finite check, progress, the log line."""
-    t, data = self.setup.config.train, self.setup.config.data
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    run_control.check_finite(metrics, f'step {step}', self.manager.latest_step())
-    self.window[1] += 1
-    self.window[2] += tokens
-    self.progress.update(1)
-    self.progress.set_postfix(loss=f'{metrics["loss"]:.3f}',
-                              mlm_acc=f'{metrics["mlm_accuracy"]:.3f}', refresh=False)
-    if step % t.log_every and step != t.num_steps:
-      return
-    start, steps, real_tokens = self.window
-    seconds = time.time() - start
-    metrics['steps_per_second'] = steps / seconds
-    metrics['tokens_per_second'] = steps * t.global_batch_size * data.max_seq_length / seconds
-    metrics['nonpadding_tokens_per_second'] = real_tokens / seconds
-    if step - self.first_step > steps:  # the window did not include compilation
-      metrics['mfu'] = (self.step_flops * steps / seconds /
-                        (self.peak * jax.device_count()))
-    self.writer.write(step, metrics, 'train/')
-    self.last_train = metrics
-    self.window = [time.time(), 0, 0]
-
-  def _evaluate(self, state, step: int) -> None:
+  def at_boundary(self, state, step: int, preemption) -> bool:
+    if self.profile and step == self.profile[1] and self.profile_dir:
+      jax.profiler.stop_trace()  # the profiler writes local files only: copy them over
+      fs.upload_dir(self.profile_dir, fs.join(self.workdir, 'profile',
+                                              f'process_{jax.process_index()}'))
+      shutil.rmtree(self.profile_dir, ignore_errors=True)
+    if not self._eval_due(step):
+      return True
+    # A notice that arrived during the step is agreed on here, before an eval eats the grace
+    # period: the checkpoint comes first and the eval is skipped.
+    if preemption.reached():
+      return False
     self.last_eval = evaluate(self.eval_step, state.params, self.setup,
                               per_process_batch(self.setup.config.train.global_batch_size))
     self.writer.write(step, self.last_eval, 'eval/')
     self.progress.write(f'step {step}: eval ' + ' '.join(
         f'{k}={v:.4f}' for k, v in sorted(self.last_eval.items())))
+    return True
+
+  def save(self, state, step: int) -> None:
+    checkpointing.save(self.manager, step, state, self.train_iter, force=True)
+
+  def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+    return {'loss': f'{metrics["loss"]:.3f}', 'mlm_acc': f'{metrics["mlm_accuracy"]:.3f}'}

@@ -1,4 +1,4 @@
-"""Train state, losses, and the jitted train and eval steps.
+"""Pre-training's losses, train and eval steps, and its objective for the shared setup.
 
 The losses are the reference's: MLM is the weighted mean cross-entropy over real masked
 positions, NSP the weighted mean over each row's NSP labels (one per instance in packed rows),
@@ -9,36 +9,26 @@ labels the batch carries. Gradient accumulation splits the global batch into
 micro-batches inside one jitted step and normalises by the whole batch's weights, so it gives
 the full-batch gradient, not an average of per-micro-batch means.
 
-Dropout keys are `fold_in(state.rng, step)`: a resumed run draws the same masks, and with
-JAX's partitionable threefry the masks do not depend on the mesh either.
+Dropout keys are `fold_in(state.rng, step)` (bert_jax/training/state.py).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
-from jax.sharding import NamedSharding
 
-from bert_jax import sharding as shd
-from bert_jax.model import BertConfig, BertForPreTraining, init_params, logical_param_specs
-from input_pipeline import objectives
+from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
+from bert_jax.training.setup import Objective, RunSetup, build, model_config
+from bert_jax.training.state import TrainState
+from input_pipeline.pretraining import objectives
+from input_pipeline.pretraining.features import BatchLayout
 
 SENTENCE_HEAD_OBJECTIVES = ('nsp', 'sop')  # objectives that train the 2-way head
 MODEL_FEATURES = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',
                   'position_ids', 'packed_segment_ids', 'next_sentence_positions')
-
-
-@struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array  # raw uint32 key data, so it checkpoints like any array
 
 
 def model_inputs(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -156,105 +146,28 @@ def eval_step(params, batch, *, model: BertForPreTraining,
   return loss_sums(out, batch, sentence_objective)
 
 
-# ----------------------------------------------------------------------------- sharded setup
+# ----------------------------------------------------------------------------- the objective
 
 
-def state_shardings(model_cfg: BertConfig, tx, mesh, rules) -> TrainState:
-  """NamedSharding for every leaf of the TrainState; optimizer moments follow their params."""
-  abstract_params = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
-  return shardings_for(abstract_params, logical_param_specs(model_cfg), tx, mesh, rules)
-
-
-def shardings_for(abstract_params, logical_specs, tx, mesh, rules) -> TrainState:
-  """The TrainState shardings of any model (pre-training or a fine-tuning head) from its
-  abstract params and their logical PartitionSpecs."""
-  param_sh = shd.logical_to_sharding(logical_specs, mesh, rules, abstract_params)
-  abstract_opt = jax.eval_shape(tx.init, abstract_params)
-  rep = shd.replicated(mesh)
-  opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: rep,
-                                 is_leaf=lambda x: isinstance(x, NamedSharding))
-  return TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
-
-
-def abstract_train_state(model_cfg: BertConfig, tx) -> TrainState:
-  """Shapes and dtypes of the TrainState, allocating nothing (restore targets, AOT)."""
-
-  def build():
-    params = init_params(model_cfg, jax.random.key(0))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.key_data(jax.random.key(0)))
-
-  return jax.eval_shape(build)
-
-
-def create_train_state(model_cfg: BertConfig, tx, seed: int, shardings: TrainState) -> TrainState:
-  """Initialise directly into the sharded layout (no host copy of the full model)."""
-
-  def init(seed):
-    params_key, dropout_key = jax.random.split(jax.random.key(seed))
-    params = init_params(model_cfg, params_key)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.key_data(dropout_key))
-
-  # No mesh context here: DenseGeneral initialises kernels flat, so Flax's init-time sharding
-  # constraints would not match their rank; out_shardings places the result anyway.
-  return jax.jit(init, out_shardings=shardings)(seed)
-
-
-def state_from_params(params, tx, seed: int, shardings: TrainState) -> TrainState:
-  """A fresh step-0 state around given params (phase 2 init, HF checkpoints)."""
-  params = jax.device_put(params, shardings.params)
-
-  def init(params, seed):
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=jax.random.key_data(jax.random.split(jax.random.key(seed))[1]))
-
-  return jax.jit(init, out_shardings=shardings)(params, seed)
-
-
-def jit_train_step(model_cfg: BertConfig, tx, schedule, shardings: TrainState, mesh, rules,
-                   accum_steps: int = 1, sentence_objective: str = 'nsp'):
-  """The train step, jitted once with explicit shardings and the state donated."""
+def objective(config) -> Objective:
+  """Pre-training's objective from a config: BertForPreTraining, the MLM (+ sentence) loss
+  with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout."""
+  model_cfg = model_config(config)
+  sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  step = functools.partial(train_step, model=BertForPreTraining(model_cfg), tx=tx,
-                           schedule=schedule, accum_steps=accum_steps,
-                           sentence_objective=sentence_objective)
-  return jit_update(step, shardings, mesh, rules)
+  model = BertForPreTraining(model_cfg)
+  layout = BatchLayout.from_data_config(config.data)
+  return Objective(
+      name=f'pretraining ({sentence_objective})', model_cfg=model_cfg,
+      init_params=functools.partial(init_params, model_cfg),
+      logical_specs=logical_param_specs(model_cfg),
+      train_step=functools.partial(train_step, model=model,
+                                   accum_steps=config.train.accum_steps,
+                                   sentence_objective=sentence_objective),
+      eval_step=functools.partial(eval_step, model=model, sentence_objective=sentence_objective),
+      batch_shapes=layout.shapes, layout=layout)
 
 
-def jit_update(step, shardings: TrainState, mesh, rules):
-  """`step(state, batch) -> (state, metrics)` jitted with the state's shardings, the state
-  donated and the metrics replicated, run under the logical-axis rules (pre-training and
-  fine-tuning alike)."""
-  jitted = jax.jit(step, in_shardings=(shardings, shd.batch_sharding(mesh)),
-                   out_shardings=(shardings, shd.replicated(mesh)), donate_argnums=0)
-
-  def run(state, batch):
-    with shd.activate(mesh, rules):
-      return jitted(state, batch)
-
-  run.jitted = jitted
-  run.activate = lambda: shd.activate(mesh, rules)  # for lowering `jitted` ahead of time
-  return run
-
-
-def jit_readout(step, params_sharding, mesh, rules):
-  """`step(params, batch)` jitted with replicated outputs, so every process sees all of them
-  (eval sums, predictions to score)."""
-  jitted = jax.jit(step, in_shardings=(params_sharding, shd.batch_sharding(mesh)),
-                   out_shardings=shd.replicated(mesh))
-
-  def run(params, batch):
-    with shd.activate(mesh, rules):
-      return jitted(params, batch)
-
-  return run
-
-
-def jit_eval_step(model_cfg: BertConfig, params_sharding, mesh, rules,
-                  sentence_objective: str = 'nsp'):
-  objectives.check_name(sentence_objective, 'data.sentence_objective')
-  step = functools.partial(eval_step, model=BertForPreTraining(model_cfg),
-                           sentence_objective=sentence_objective)
-  return jit_readout(step, params_sharding, mesh, rules)
+def setup(config, devices=None) -> RunSetup:
+  """The run setup of a pre-training config (training, eval, export, AOT, benchmarks)."""
+  return build(config, objective(config), config.train.num_steps, devices)

@@ -3,14 +3,14 @@
 Rows end in ~10% padding, carry `predictions` real MLM labels at distinct non-padding
 positions and random NSP labels: the peer benchmark's definition (issue 5). Packed layouts
 (`packed=True`) get one instance per row in the packed fields, so the batch has exactly the
-names, shapes and dtypes of `input_pipeline.features` that a packed run's step compiles for.
+names, shapes and dtypes of `input_pipeline.pretraining.features` that a packed run's step compiles for.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from input_pipeline import features
+from input_pipeline.pretraining import features
 
 
 def random_batch(rng: np.random.Generator, batch: int, seq_len: int, predictions: int,

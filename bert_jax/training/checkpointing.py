@@ -1,8 +1,9 @@
-"""Orbax checkpoints: train state + each host's data-iterator position, in one step directory.
+"""Orbax checkpoints of pre-training and fine-tuning: one manager factory, one save, one restore.
 
 A step directory `workdir/checkpoints/<step>/` holds the `state` item (params, optimizer
-state, step, dropout rng; saved asynchronously, sharded) and the `data` item (every process's
-tf.data iterator, `process_<i>/`). Orbax writes into a temporary directory and renames it when
+state, step, dropout rng; saved asynchronously, sharded), in pre-training the `data` item
+(every process's tf.data iterator, `process_<i>/`) and in fine-tuning the `progress` item
+(JSON: the scores of the epochs so far). Orbax writes into a temporary directory and renames it when
 complete, so a save killed half-way never becomes the latest step. Restoring takes the target
 shardings, so a checkpoint written on one mesh restores onto any other.
 """
@@ -23,7 +24,7 @@ from input_pipeline import fs
 
 
 class DataIteratorHandler(ocp.CheckpointHandler):
-  """Saves/restores `input_pipeline.dataset.DataIterator` of every process."""
+  """Saves/restores `input_pipeline.pretraining.dataset.DataIterator` of every process."""
 
   def save(self, directory: epath.Path, args: 'DataIteratorSave'):
     args.iterator.save(_process_dir(directory))
@@ -68,19 +69,23 @@ def data_process_count(workdir: str, step: int) -> int | None:
 
 def make_manager(workdir: str, *, max_to_keep: int = 3, keep_period: int | None = None,
                  async_save: bool = True) -> ocp.CheckpointManager:
+  """The checkpoint manager of a run (pre-training) or of one fine-tuning seed's directory."""
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, keep_period=keep_period or None, create=True,
       enable_async_checkpointing=async_save)
   return ocp.CheckpointManager(
       checkpoint_dir(workdir), options=options,
-      item_handlers={'state': ocp.StandardCheckpointHandler(), 'data': DataIteratorHandler()})
+      item_handlers={'state': ocp.StandardCheckpointHandler(), 'data': DataIteratorHandler(),
+                     'progress': ocp.JsonCheckpointHandler()})
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None,
-         force: bool = False) -> bool:
+         force: bool = False, progress: dict | None = None) -> bool:
   items = {'state': ocp.args.StandardSave(state)}
   if data_iterator is not None:
     items['data'] = DataIteratorSave(data_iterator)
+  if progress is not None:
+    items['progress'] = ocp.args.JsonSave(progress)
   return manager.save(step, args=ocp.args.Composite(**items), force=force)
 
 
@@ -90,17 +95,22 @@ RESUME_HINT = ('Resume with the model.size, model.* shapes, model.scan_layers an
                'layer layout).')
 
 
-def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
-  """State onto the shardings carried by `abstract_state` (any mesh), iterator in place.
+def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None,
+            *, with_progress: bool = False, what_to_do: str = RESUME_HINT):
+  """State onto the shardings carried by `abstract_state` (any mesh), iterator in place;
+  `(state, progress)` with `with_progress`.
 
   Raises ValueError, naming the leaves, when the checkpoint holds another state layout than
   `abstract_state` (another model size, `model.scan_layers` or optimizer): Orbax's own
   error for that names neither the cause nor the fix."""
-  check_same_layout(manager, step, abstract_state, RESUME_HINT)
+  check_same_layout(manager, step, abstract_state, what_to_do)
   items = {'state': ocp.args.StandardRestore(abstract_state)}
   if data_iterator is not None:
     items['data'] = DataIteratorRestore(data_iterator)
-  return manager.restore(step, args=ocp.args.Composite(**items))['state']
+  if with_progress:
+    items['progress'] = ocp.args.JsonRestore()
+  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  return (restored['state'], restored['progress']) if with_progress else restored['state']
 
 
 def check_same_layout(manager: ocp.CheckpointManager, step: int, abstract_state,

@@ -10,12 +10,12 @@ memory mapped: the step drops from ~860 to ~630 ms and the faults by 10x
 the same reason; this needs no extra library.
 
 GLIBC_TUNABLES is read once, when a process starts, so the CPU entry points (`bert_jax.main`,
-`bert_jax.finetune`, `bert_jax.demo`) re-execute themselves with it set, before their heavy
+`bert_jax.finetune.run`, `bert_jax.demo`) re-execute themselves with it set, before their heavy
 imports. Nothing happens where the variable is already set (set it, even to an empty string,
 to keep your own), on a C library other than glibc, or where a GPU or TPU is attached (device
 memory is not malloc'ed, and the host's input threads keep their per-thread arenas).
 
-  python -m bert_jax.host_malloc COMMAND [ARGS...]   # runs COMMAND with the settings
+  python -m bert_jax.training.host_malloc COMMAND [ARGS...]   # runs COMMAND with the settings
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ def reexec_with_tuned_malloc() -> None:
 
 def main(argv: list[str]) -> None:
   if not argv:
-    raise SystemExit('usage: python -m bert_jax.host_malloc COMMAND [ARGS...]')
+    raise SystemExit('usage: python -m bert_jax.training.host_malloc COMMAND [ARGS...]')
   try:
     os.execvpe(argv[0], argv, tuned_environ())
   except OSError as e:
-    raise SystemExit(f'bert_jax.host_malloc: cannot run {argv[0]!r}: {e.strerror}; give a '
+    raise SystemExit(f'bert_jax.training.host_malloc: cannot run {argv[0]!r}: {e.strerror}; give a '
                      'command on PATH or its path') from e
 
 

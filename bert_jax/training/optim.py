@@ -118,7 +118,7 @@ def decay_mask(params) -> Any:
 
 def is_layer_stacked(path) -> bool:
   """Whether a leaf is a scanned [L, ...] stack: everything under params['encoder']['layers']
-  (bert_jax/model.py `Encoder`; unrolled layers are named 'layer_<i>' instead)."""
+  (bert_jax/model/encoder.py `Encoder`; unrolled layers are named 'layer_<i>' instead)."""
   return _names(path)[:2] == ['encoder', 'layers']
 
 

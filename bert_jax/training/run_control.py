@@ -17,7 +17,7 @@ import sys
 
 from absl import flags, logging
 
-from bert_jax import maintenance
+from bert_jax.training import maintenance
 
 
 class NonFiniteError(RuntimeError):
@@ -51,7 +51,7 @@ class PreemptionFlag:
   Loops call `reached()` at the points where they could stop (after every step; before an
   eval, a test prediction or an export), on every process the same number of times, and save
   then return when it is True. One process: our own SIGTERM handler or the maintenance
-  watcher (bert_jax/maintenance.py) sets a flag. Several processes: a notice may reach one
+  watcher (bert_jax/training/maintenance.py) sets a flag. Several processes: a notice may reach one
   host only, or the hosts at different points; a host that stopped alone would leave the
   others waiting in the next collective forever. JAX's preemption sync manager (started by
   `jax.distributed.initialize`, which installs its own SIGTERM handler, so ours must not

@@ -1,23 +1,25 @@
-"""One setup path: a config -> mesh, rules, model config, optimizer, schedule, state shardings
-and batch layout, computed once and shared by training, eval, export, AOT and the tests.
+"""One setup path: (config, objective) -> mesh, rules, optimizer, schedule, state shardings,
+jitted steps and batch shapes, computed once and shared by pre-training, fine-tuning, eval,
+export, AOT, the tests and the benchmarks.
 
-Before this module each entry point rebuilt these from the config on its own (and the state
-shardings up to four times per run), and AOT compiled an unpacked step for packed configs.
-Now a run, its eval, its export and its AOT compilation all hold the same `RunSetup`.
+The objective (what is trained and how it is scored) comes from the caller:
+`bert_jax.pretrain.step.objective` (MLM + NSP/SOP) or `bert_jax.finetune.step.objective` (a
+task head and its loss). Everything else about a run is built here, from the config blocks
+both families share (`model`, `optimizer`, `train`, `mesh`, `sharding_rules`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import jax
 import optax
 
-from bert_jax import optim, sharding as shd, train_step as ts
-from bert_jax.model import BertConfig
-from input_pipeline.features import BatchLayout
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training import optim, sharding as shd, state as state_lib
+from bert_jax.training.state import TrainState
 
 
 def model_config(config) -> BertConfig:
@@ -27,12 +29,6 @@ def model_config(config) -> BertConfig:
       m.size, vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
       attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
       scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
-
-
-def mesh_and_rules(config, devices=None):
-  """`config.mesh` over `devices` (default all) and `config.sharding_rules` as tuples."""
-  return (shd.make_mesh(tuple(config.mesh), devices),
-          shd.normalize_rules(config.sharding_rules))
 
 
 def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:
@@ -46,61 +42,96 @@ def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:
                     '128 x 128 does not fit). Pass --config.model.scan_layers=False on GPUs.')
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
+class Objective:
+  """What a run trains and how it reads out: the model's params and logical specs, the loss
+  step `train_step(state, batch, *, tx, schedule) -> (state, metrics)`, the readout
+  `eval_step(params, batch)` (eval sums or predictions) and the global batch it compiles for,
+  `batch_shapes(global_batch) -> {feature: (shape, dtype)}`."""
+  name: str
+  model_cfg: BertConfig
+  init_params: Callable[[jax.Array], Any]
+  logical_specs: Any
+  train_step: Callable
+  eval_step: Callable
+  batch_shapes: Callable[[int], dict]
+  layout: Any = None  # pre-training's BatchLayout (reader fields, all-padding eval batches)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class RunSetup:
   config: Any
-  model_cfg: BertConfig
+  objective: Objective
   mesh: jax.sharding.Mesh
   rules: tuple
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-  shardings: ts.TrainState  # NamedSharding per state leaf
-  layout: BatchLayout  # what the reader yields and the step compiles for
+  shardings: TrainState  # NamedSharding per state leaf
+  _jitted: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @property
-  def objective(self) -> str:
-    return self.config.data.sentence_objective
+  def model_cfg(self) -> BertConfig:
+    return self.objective.model_cfg
 
-  def abstract_state(self) -> ts.TrainState:
+  @property
+  def layout(self):
+    return self.objective.layout
+
+  def abstract_state(self) -> TrainState:
     """Shapes, dtypes and target shardings of the state: restore targets, AOT arguments."""
-    shapes = ts.abstract_train_state(self.model_cfg, self.tx)
+    shapes = state_lib.abstract_state(self.objective.init_params, self.tx)
     return jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
         self.shardings)
 
-  def fresh_state(self) -> ts.TrainState:
-    return ts.create_train_state(self.model_cfg, self.tx, self.config.seed, self.shardings)
+  def fresh_state(self, seed: int | None = None) -> TrainState:
+    seed = self.config.seed if seed is None else seed
+    return state_lib.fresh_state(self.objective.init_params, self.tx, seed, self.shardings)
 
-  def state_from_params(self, params) -> ts.TrainState:
-    return ts.state_from_params(params, self.tx, self.config.seed, self.shardings)
+  def state_from_params(self, params, seed: int | None = None) -> TrainState:
+    seed = self.config.seed if seed is None else seed
+    return state_lib.state_from_params(params, self.tx, seed, self.shardings)
 
   def place_params(self, params):
     """Host params (a checkpoint's, say) onto the run's parameter shardings."""
     return jax.device_put(params, self.shardings.params)
 
   def train_step(self):
-    return ts.jit_train_step(self.model_cfg, self.tx, self.schedule, self.shardings, self.mesh,
-                             self.rules, self.config.train.accum_steps, self.objective)
+    """The objective's step, jitted once per setup with the state donated."""
+    if 'train' not in self._jitted:
+      step = _with_optimizer(self.objective.train_step, self.tx, self.schedule)
+      self._jitted['train'] = state_lib.jit_update(step, self.shardings, self.mesh, self.rules)
+    return self._jitted['train']
 
   def eval_step(self):
-    return ts.jit_eval_step(self.model_cfg, self.shardings.params, self.mesh, self.rules,
-                            self.objective)
+    """The objective's readout, jitted once per setup, outputs on every process."""
+    if 'eval' not in self._jitted:
+      self._jitted['eval'] = state_lib.jit_readout(self.objective.eval_step,
+                                                   self.shardings.params, self.mesh, self.rules)
+    return self._jitted['eval']
 
   def abstract_batch(self, global_batch: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch a step of this run receives, sharded over the batch axes."""
     b = global_batch or self.config.train.global_batch_size
     sharding = shd.batch_sharding(self.mesh)
     return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-            for k, (shape, dtype) in self.layout.shapes(b).items()}
+            for k, (shape, dtype) in self.objective.batch_shapes(b).items()}
 
 
-def from_config(config, devices=None) -> RunSetup:
-  """Everything a pre-training run derives from its config, once."""
-  model_cfg = model_config(config)
-  mesh, rules = mesh_and_rules(config, devices)
-  warn_scanned_on_gpu(model_cfg, mesh)
-  tx, schedule = optim.from_config(config.optimizer, config.train.num_steps)
-  return RunSetup(config=config, model_cfg=model_cfg, mesh=mesh, rules=rules, tx=tx,
-                  schedule=schedule,
-                  shardings=ts.state_shardings(model_cfg, tx, mesh, rules),
-                  layout=BatchLayout.from_data_config(config.data))
+def _with_optimizer(train_step, tx, schedule):
+  def step(state, batch):
+    return train_step(state, batch, tx=tx, schedule=schedule)
+  return step
+
+
+def build(config, objective: Objective, total_steps: int, devices=None) -> RunSetup:
+  """Everything a run derives from its config and objective, once: `config.mesh` over
+  `devices` (default all), `config.sharding_rules`, `config.optimizer` over `total_steps`."""
+  mesh = shd.make_mesh(tuple(config.mesh), devices)
+  rules = shd.normalize_rules(config.sharding_rules)
+  warn_scanned_on_gpu(objective.model_cfg, mesh)
+  tx, schedule = optim.from_config(config.optimizer, total_steps)
+  abstract_params = jax.eval_shape(objective.init_params, jax.random.key(0))
+  shardings = state_lib.shardings_for(abstract_params, objective.logical_specs, tx, mesh, rules)
+  return RunSetup(config=config, objective=objective, mesh=mesh, rules=rules, tx=tx,
+                  schedule=schedule, shardings=shardings)

@@ -146,7 +146,7 @@ def _per_module(stats: CorpusStats) -> Iterator[Document]:
   stats.files += counted.files
 
 
-# Unlabelled opinion text of Hutto & Gilbert's ICWSM-2014 data (the archive input_pipeline/mr.py
+# Unlabelled opinion text of Hutto & Gilbert's ICWSM-2014 data (the archive input_pipeline/tasks/mr.py
 # reads MR from): NYT editorial and Amazon review snippets, whose ids `doc_sentence` keep each
 # editorial/review's sentences together, and tweets (one per document). Movie-review snippets,
 # MR's own sentences, are never read here.
@@ -158,10 +158,10 @@ OPINION_FILES = ('hutto_ICWSM_2014/nytEditorialSnippets_GroundTruth.txt',
 def opinion_documents(sdist: str, stats: CorpusStats | None = None) -> Iterator[Document]:
   """Documents (lists of sentences) of the ICWSM-2014 NYT editorial and Amazon review
   snippets (grouped by the id before `_`) and of its tweets (each split into sentences), read
-  from the vaderSentiment 3.3.2 sdist (`input_pipeline.mr.fetch_mr`). Ratings are dropped."""
+  from the vaderSentiment 3.3.2 sdist (`input_pipeline.tasks.mr.fetch_mr`). Ratings are dropped."""
   import io  # pylint: disable=g-import-not-at-top
   import tarfile  # pylint: disable=g-import-not-at-top
-  from input_pipeline import mr  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tasks import mr  # pylint: disable=g-import-not-at-top
   stats = stats if stats is not None else CorpusStats()
   with tarfile.open(sdist, 'r:gz') as outer:
     inner = outer.extractfile(mr.INNER_ARCHIVE).read()

@@ -3,7 +3,7 @@ r"""Corpus -> NSP/MLM instances -> sharded TFRecords (+ a stats JSON). A CLI.
 Accepts google-research/bert's flags and writes its feature names, so files from either side
 read on the other:
 
-  python -m input_pipeline.create_pretraining_data --input_file='corpus/*.txt' \
+  python -m input_pipeline.pretraining.create_pretraining_data --input_file='corpus/*.txt' \
     --output_file=data/train --vocab_file=vocab.txt --do_lower_case \
     --max_seq_length=128 --max_predictions_per_seq=20 --num_shards=8 --num_workers=2
 
@@ -15,7 +15,7 @@ boundaries); each window is tokenized, turned into instances exactly as the refe
 disjoint shards, and every window has its own seed, so the output depends on the seed and
 the shard count but not on the number of workers.
 
-`--next_sentence=nsp|sop|none` picks the sentence objective (input_pipeline/objectives.py):
+`--next_sentence=nsp|sop|none` picks the sentence objective (input_pipeline/pretraining/objectives.py):
 the reference's NSP pairs (default), ALBERT's sentence-order pairs, or RoBERTa's full-sentence
 rows with no sentence label; sop and none records carry a marker the reader checks.
 """
@@ -31,10 +31,11 @@ from collections.abc import Iterator
 
 from absl import app, flags, logging
 
-from input_pipeline import corpus as corpus_lib
-from input_pipeline import example_codec, fs, masking, objectives, packing, tfrecord
-from input_pipeline.instances import InstanceStats, MaskingConfig, create_instances
-from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
+from input_pipeline import fs, tfrecord
+from input_pipeline.pretraining import corpus as corpus_lib, example_codec, masking, objectives
+from input_pipeline.pretraining import packing
+from input_pipeline.pretraining.instances import create_instances, InstanceStats, MaskingConfig
+from input_pipeline.tokenizer import load_tokenizer, SentencePieceTokenizer, WordPieceTokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ with zero-weight rows so every batch has the jitted shape. Reading, masking and 
 `tf.numpy_function`s declared stateless, so iterator checkpoints still work.
 
 Records written for another sentence objective than `sentence_objective` (nsp, sop, none; a
-marker in each record, input_pipeline/objectives.py) are refused with a ValueError up front.
+marker in each record, input_pipeline/pretraining/objectives.py) are refused with a ValueError up front.
 
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
 with `tf.train.Checkpoint`, staged through a local temporary directory when the target is a
@@ -39,8 +39,9 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import message
 
-from input_pipeline import features, fs, masking, objectives, packing, tfrecord
-from input_pipeline.instances import MaskingConfig
+from input_pipeline import fs, tfrecord
+from input_pipeline.pretraining import features, masking, objectives, packing
+from input_pipeline.pretraining.instances import MaskingConfig
 
 # Record streams dealt chunks round-robin: the global order is the same for any process count
 # that divides it (see training_records).
@@ -89,13 +90,13 @@ def list_files(patterns: str) -> list[str]:
                and not fs.basename(f).startswith('.')]
     if not matched:
       raise FileNotFoundError(f'data files {pattern!r}: no such file; create them with '
-                              'python -m input_pipeline.create_pretraining_data')
+                              'python -m input_pipeline.pretraining.create_pretraining_data')
     files.extend(matched)
   return files
 
 
 def record_objective(record: bytes) -> str:
-  """The sentence objective a record was written for (input_pipeline/objectives.py): its
+  """The sentence objective a record was written for (input_pipeline/pretraining/objectives.py): its
   marker; else sop for google-research/albert's records (they alone carry `token_boundary`;
   ALBERT's default is SOP), else nsp (google-research/bert's records and ours)."""
   feature = tf.train.Example.FromString(record).features.feature
@@ -138,7 +139,7 @@ def check_sentence_objective(files: list[str], sizes: list[int], cfg: ReaderConf
           f'data files {cfg.files!r}: {len(paths)} of {len(files)} files hold {got} records '
           f'({objectives.DESCRIPTIONS[got]}), e.g. {paths[0]}, but data.sentence_objective='
           f'{want!r}; set --config.data.sentence_objective={got}, or re-create the files with '
-          f'python -m input_pipeline.create_pretraining_data --next_sentence={want}')
+          f'python -m input_pipeline.pretraining.create_pretraining_data --next_sentence={want}')
 
 
 def stored_layout(cfg: ReaderConfig) -> features.BatchLayout:
@@ -271,7 +272,7 @@ def chunks(files: list[str], sizes: list[int], read_chunk_bytes: int) -> list[tu
   never depends on the process count, so neither does the data order."""
   if not sum(sizes):
     raise ValueError(f'data files {files[:3]}...: all empty; re-create them with '
-                     'python -m input_pipeline.create_pretraining_data')
+                     'python -m input_pipeline.pretraining.create_pretraining_data')
   size = max(min(read_chunk_bytes, math.ceil(sum(sizes) / 256)), 4096)
   return [(f, start, min(start + size, n), n) for f, n in zip(files, sizes)
           for start in range(0, n, size)]
@@ -389,7 +390,7 @@ class DataIterator:
       raise ValueError(
           f'data files {self._source!r}: corrupt, or not BERT TFRecords of this '
           f'max_seq_length/max_predictions_per_seq/packed setting ({reason}); re-create them '
-          'with python -m input_pipeline.create_pretraining_data') from None
+          'with python -m input_pipeline.pretraining.create_pretraining_data') from None
 
   def save(self, directory: str) -> None:
     """The iterator's state as files in `directory` (a local path or URL)."""

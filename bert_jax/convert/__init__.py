@@ -1,0 +1,1 @@
+"""Start points and exports: our workdirs, HuggingFace directories, Google TF checkpoints."""

@@ -1,0 +1,169 @@
+"""What a start point is (`StartPoint`), which kind a path holds (`detect_kind`), and one
+loader per kind, each returning BertForPreTraining's params whatever the source's layout.
+
+  - workdir: our training workdir (`checkpoints/` + `config.json`), latest or a given step;
+  - hf: a HuggingFace directory (`BertForPreTraining`, `BertModel`, a sentence-transformers
+    layout, or a fine-tuned `BertFor<Task>` whose head comes along);
+  - tf: a Google TF checkpoint (`google_tf`).
+`start_points.load_start_point` picks the loader; URLs are staged first (`staging`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax.convert import casing, google_tf, hf, hf_heads, workdir
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training import checkpointing
+from bert_jax.training.setup import model_config
+from input_pipeline import fs
+from input_pipeline.tokenizer import WordPieceTokenizer
+
+WORKDIR, HF_DIR, TF_CHECKPOINT = 'workdir', 'hf', 'tf'
+RANDOM = 'random'  # `random:<start point>`: its config and tokenizer, fresh weights
+
+
+@dataclasses.dataclass
+class StartPoint:
+  """What a run starts from. `params` is BertForPreTraining's tree (float32 numpy)."""
+
+  kind: str  # workdir | hf | tf
+  path: str
+  cfg: BertConfig
+  params: dict
+  tokenizer: Any  # input_pipeline.tokenizer.Tokenizer, or None (require_tokenizer=False)
+  do_lower_case: bool | None  # SentencePiece too (the model's own); None: no tokenizer
+  step: int | None = None  # the workdir step that was restored
+  head: heads.Head | None = None  # the task head the start point carries, if any
+  head_params: dict | None = None  # that head's params ({'classifier': ...})
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def _sentence_transformers_dir(path: str) -> str | None:
+  """The Transformer module's directory of a sentence-transformers model, if `path` is one."""
+  modules = fs.join(path, 'modules.json')
+  if not fs.exists(modules):
+    return None
+  entries = json.loads(fs.read_text(modules))
+  for entry in entries:
+    if entry.get('type', '').endswith('models.Transformer'):
+      return fs.join(path, entry.get('path', ''))
+  raise hf.CheckpointError(f'{modules}: no sentence_transformers.models.Transformer module')
+
+
+def detect_kind(path: str) -> str:
+  """workdir | hf | tf, from the files at `path`; an error that lists what each needs."""
+  if '://' in path:  # remote workdirs (gs://): only the trainer's own checkpoints live there
+    return WORKDIR
+  if fs.isdir(fs.join(path, 'checkpoints')):
+    return WORKDIR
+  st = _sentence_transformers_dir(path) if fs.isdir(path) else None
+  if fs.exists(fs.join(st or path, 'config.json')):
+    return HF_DIR
+  if google_tf.checkpoint_prefix(path):
+    return TF_CHECKPOINT
+  raise hf.CheckpointError(
+      f'{path}: not a start point. Expected a training workdir (checkpoints/ + config.json), '
+      'a HuggingFace directory (config.json + model.safetensors or pytorch_model.bin; '
+      'sentence-transformers: modules.json), or a TF checkpoint (bert_config.json + '
+      'bert_model.ckpt.index/.data-*)')
+
+
+def is_workdir(path: str) -> bool:
+  """Our training workdir (local or URL): it has `checkpoints/`."""
+  return fs.isdir(fs.join(path, 'checkpoints'))
+
+
+# ----------------------------------------------------------------------------- workdir
+
+
+def _relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) -> dict:
+  """Encoder layers stacked (`layers`, scan) <-> one group per layer (`layer_i`)."""
+  if scanned == to_scanned:
+    return params
+  enc = params['encoder']
+  if to_scanned:
+    layers = [enc[f'layer_{i}'] for i in range(num_layers)]
+    new = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  else:
+    new = {f'layer_{i}': jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), enc['layers'])
+           for i in range(num_layers)}
+  return {**params, 'encoder': new}
+
+
+def load_workdir(path, step, given_lower, rng, required, overrides) -> StartPoint:
+  del rng  # a workdir holds every pre-training head
+  config = workdir.load_run_config(path)
+  step, params = checkpointing.restore_params(path, step)
+  stored = model_config(config)
+  cfg = stored.replace(**overrides) if overrides else stored
+  params = _relayout(params, stored.scan_layers, cfg.num_layers, cfg.scan_layers)
+  tok, lower = casing.workdir_tokenizer(config.data, path, given_lower, required)
+  return StartPoint(WORKDIR, path, cfg, params, tok, lower, step)
+
+
+# ----------------------------------------------------------------------------- HF
+
+
+def load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
+  if step is not None:
+    raise ValueError(f'{path}: step={step} applies to training workdirs only')
+  model_dir = _sentence_transformers_dir(path) or path
+  hf_config = json.loads(fs.read_text(fs.join(model_dir, 'config.json')))
+  cfg = hf.load_config(model_dir)
+  if overrides:
+    cfg = cfg.replace(**overrides)
+  state = hf.read_weights(model_dir)
+  head_state = {k: state.pop(k) for k in list(state)
+                if k.startswith(('classifier.', 'qa_outputs.'))}
+  params = hf.params_from_hf(state, cfg, rng=rng, source=model_dir)
+  head = hf_heads.head_from_hf_config(hf_config, fs.join(model_dir, 'config.json'))
+  head_params = (hf_heads.head_from_hf(head_state, head, cfg.hidden_size, model_dir)
+                 if head else None)
+  if head_state and head_params is None:
+    logging.warning('%s: ignored %s: config.json architectures %s name no task head we know '
+                    '(%s)', model_dir, sorted(head_state), hf_config.get('architectures'),
+                    sorted(hf_heads.ARCHITECTURES.values()))
+  tok, lower = casing.hf_tokenizer(model_dir, given_lower, required)
+  return StartPoint(HF_DIR, path, cfg, params, tok, lower, None,
+                    head if head_params else None, head_params)
+
+
+# ----------------------------------------------------------------------------- TF
+
+
+def load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
+  if step is not None:
+    raise ValueError(f'{path}: step={step} applies to training workdirs only')
+  prefix = google_tf.checkpoint_prefix(path)
+  directory = fs.dirname(prefix)
+  config_file = fs.join(directory, 'bert_config.json')
+  if not fs.exists(config_file):
+    raise hf.CheckpointError(f'{directory}: no bert_config.json next to the TF checkpoint; '
+                             'copy the one released with it')
+  cfg = google_tf.tf_config(config_file)
+  if overrides:
+    cfg = cfg.replace(**overrides)
+  state, task_heads = google_tf.read_tf_checkpoint(prefix, cfg)
+  params = hf.params_from_hf(state, cfg, rng=rng, source=prefix)
+  head, head_params = google_tf.task_head(task_heads, cfg.hidden_size, prefix)
+  vocab = fs.join(directory, 'vocab.txt')
+  if fs.exists(vocab):
+    found, evidence = google_tf.casing(directory, vocab)
+    lower = casing.resolve(found, evidence, given_lower, directory)
+    tok = WordPieceTokenizer(vocab, lower)
+  else:
+    tok, lower = casing.missing(directory, required, 'vocab.txt')
+  return StartPoint(TF_CHECKPOINT, path, cfg, params, tok, lower, None, head, head_params)
+
+
+LOADERS = {WORKDIR: load_workdir, HF_DIR: load_hf, TF_CHECKPOINT: load_tf}

@@ -1,0 +1,45 @@
+"""Our training workdir as a model: its run config, its tokenizer, its export to HF.
+
+A workdir holds `checkpoints/` and the `config.json` training wrote when it started, which
+names the model and the tokenizer (`data.vocab_file` / `data.spm_model`). `export_workdir`
+turns the latest (or a given) checkpoint into a HuggingFace `BertForPreTraining` directory,
+whatever mesh or optimizer wrote it (`python -m bert_jax.export` is its command line).
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_collections
+
+from bert_jax.convert import hf
+from bert_jax.training import checkpointing
+from bert_jax.training.setup import model_config
+from input_pipeline import fs
+from input_pipeline.tokenizer import load_tokenizer
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config the run was started with (`workdir/config.json`, a path or a URL)."""
+  path = fs.join(workdir, 'config.json')
+  if not fs.exists(path):
+    raise FileNotFoundError(f'{path}: missing; pass the training config (--config) instead')
+  return ml_collections.ConfigDict(json.loads(fs.read_text(path)))
+
+
+def run_tokenizer(config):
+  """The tokenizer the run's data names (`data.vocab_file` / `data.spm_model`), or None."""
+  if not (config.data.vocab_file or config.data.spm_model):
+    return None
+  return load_tokenizer(config.data.vocab_file or None, config.data.spm_model or None,
+                        config.data.do_lower_case)
+
+
+def export_workdir(workdir: str, output: str, step: int | None = None, config=None,
+                   overwrite: bool = True) -> str:
+  """Writes the workdir's latest (or `step`) params as an HF directory; returns `output`."""
+  config = config if config is not None else load_run_config(workdir)
+  step, params = checkpointing.restore_params(workdir, step)
+  cfg = model_config(config).replace(scan_layers=config.model.scan_layers)
+  return hf.save_pretrained(output, cfg, params, tokenizer=run_tokenizer(config),
+                            overwrite=overwrite)

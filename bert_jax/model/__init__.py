@@ -1,0 +1,1 @@
+"""The Flax encoder, its task heads and their FLOP counts: no training code."""

@@ -1,0 +1,1 @@
+"""Pre-training records: corpus -> sentence pairs and masking -> TFRecord shards -> batches."""
