@@ -2,6 +2,8 @@ r"""Compile the real train step for a TPU topology on a CPU machine (no TPU need
 
   pip install 'jax[tpu]'   # libtpu; compilation is deviceless
   python -m bert_jax.aot --config=configs/bert_large.py:phase2 --topology=v4:4x4x4
+  python -m bert_jax.aot --config=configs/finetune.py:mnli --config.init=runs/base \
+      --topology=v4:2x2x1
 
 Prints the mesh, per-chip memory (arguments, outputs, temporaries), whether it fits the chip's
 HBM, and the model FLOPs per step, for the config's global batch and sequence length.
@@ -42,43 +44,68 @@ def hbm_bytes(device_kind: str) -> int | None:
   return None
 
 
-def compile_for(config, devices) -> dict:
-  """Compile the run's own train step (`run_setup`: the same mesh, shardings and batch layout,
-  packed or not, as `bert_jax.main` would use) for `devices` and report its memory."""
+def compile_for(config, devices, num_labels: int | None = None) -> dict:
+  """Compile a run's own train step for `devices` and report its memory: a pre-training
+  config's (the same mesh, shardings and batch layout, packed or not, as `bert_jax.main`
+  would use) or a fine-tuning config's (`configs/finetune.py:<task>`: the start point's
+  encoder from `config.init`, its config only, with the task's head and loss)."""
   from bert_jax.model import flops  # pylint: disable=g-import-not-at-top
-  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
-  setup = pretrain_step.setup(config, devices)
-  b, s, p = (config.train.global_batch_size, config.data.max_seq_length,
-             config.data.max_predictions_per_seq)
+  if 'task' in config:
+    setup, packed = _finetuning_setup(config, devices, num_labels), False
+    predictions = 0
+  else:
+    from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
+    setup = pretrain_step.setup(config, devices)
+    packed, predictions = setup.layout.packed, config.data.max_predictions_per_seq
+  b, s = config.train.global_batch_size, config.data.max_seq_length
   step = setup.train_step()
   with step.activate():
-    compiled = step.jitted.lower(setup.abstract_state(), setup.abstract_batch()).compile()
+    compiled = step.jitted.lower(setup.abstract_state(), setup.abstract_batch(b)).compile()
   mem = compiled.memory_analysis()
   per_chip = (mem.argument_size_in_bytes + mem.output_size_in_bytes +
               mem.temp_size_in_bytes - mem.alias_size_in_bytes)
   hbm = hbm_bytes(devices[0].device_kind)
   return {
       'device_kind': devices[0].device_kind, 'chips': len(devices),
-      'mesh': dict(setup.mesh.shape), 'global_batch': b, 'seq_len': s,
-      'packed': setup.layout.packed,
+      'objective': setup.objective.name,
+      'mesh': dict(setup.mesh.shape), 'global_batch': b, 'seq_len': s, 'packed': packed,
       'per_chip_gib': round(per_chip / 2**30, 2),
       'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
       'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
       'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
       'fits': (per_chip <= hbm) if hbm else None,
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
-      'model_tflops_per_step': round(flops.train_flops_per_step(setup.model_cfg, b, s, p) / 1e12,
-                                     1),
+      'model_tflops_per_step': round(
+          flops.train_flops_per_step(setup.model_cfg, b, s, predictions) / 1e12, 3),
   }
+
+
+def _finetuning_setup(config, devices, num_labels: int | None):
+  """The fine-tuning run's setup for `devices` (its schedule length does not change the
+  compiled step: 1,000 steps)."""
+  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import loaders
+  from bert_jax.finetune import run as finetune_run, step as finetune_step, tasks
+  from bert_jax.training import setup as run_setup
+  if not config.init:
+    raise ValueError('a fine-tuning config needs --config.init=<start point> (its config.json '
+                     'or bert_config.json is read for the model shapes, not its weights)')
+  cfg = loaders.model_config_of(config.init).replace(**finetune_run.model_overrides(config))
+  kind, head = tasks.head_without_data(config, num_labels)
+  objective = finetune_step.objective(cfg, head, kind, config.data.max_seq_length)
+  return run_setup.build(config, objective, 1000, devices)
 
 
 FLAGS = flags.FLAGS
 
 
 def define_flags():
-  config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_large.py:phase2')
+  config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/bert_large.py:phase2 '
+                                  'or configs/finetune.py:mnli (with --config.init=START)')
   flags.DEFINE_string('topology', 'v4:4x4x4', 'TPU topology, e.g. v4:4x4x4 or v5e:16x16.')
   flags.DEFINE_string('chip_config', None, 'megacore (v4, v5p) or default; inferred if unset.')
+  flags.DEFINE_integer('num_labels', None, 'Fine-tuning: the label count of a task whose '
+                       'config does not fix it (generic, a tag set other than CoNLL-2003).')
   flags.mark_flags_as_required(['config'])
 
 
@@ -88,7 +115,11 @@ def main(argv):
     devices = topology_devices(FLAGS.topology, FLAGS.chip_config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  print(json.dumps({'topology': FLAGS.topology, **compile_for(FLAGS.config, devices)}, indent=2))
+  try:
+    result = compile_for(FLAGS.config, devices, FLAGS.num_labels)
+  except (OSError, ValueError) as e:  # a missing start point, a bad config field
+    raise app.UsageError(str(e)) from None
+  print(json.dumps({'topology': FLAGS.topology, **result}, indent=2))
 
 
 if __name__ == '__main__':

@@ -167,3 +167,16 @@ def load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
 
 
 LOADERS = {WORKDIR: load_workdir, HF_DIR: load_hf, TF_CHECKPOINT: load_tf}
+
+
+def model_config_of(path: str) -> BertConfig:
+  """A start point's encoder config without reading its weights (AOT compilation of a
+  fine-tuning step needs the shapes only); `random:` prefixes are ignored."""
+  path = path[len(RANDOM) + 1:] if path.startswith(RANDOM + ':') else path
+  kind = detect_kind(path)
+  if kind == WORKDIR:
+    return model_config(workdir.load_run_config(path))
+  if kind == HF_DIR:
+    return hf.load_config(_sentence_transformers_dir(path) or path)
+  return google_tf.tf_config(fs.join(fs.dirname(google_tf.checkpoint_prefix(path)),
+                                     'bert_config.json'))

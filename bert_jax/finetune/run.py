@@ -73,18 +73,24 @@ def seed_list(seeds: Any, first: int) -> list[int]:
   raise ValueError(f'config.seeds={seeds!r}: expected a count (3) or a list of ints (0,1,7)')
 
 
-def load_start(config):
-  """The start point with the run's model overrides (dtype, dropout, layout)."""
-  if not config.init:
-    raise ValueError('no start point: pass --init=<our workdir | HF directory | TF checkpoint>')
+def model_overrides(config) -> dict:
+  """What `config.model` changes in the start point's encoder config: how it runs (dtype,
+  layout, rematerialisation, attention) and, when set, its dropout."""
   m = config.model
   overrides = dict(dtype=m.dtype, scan_layers=m.scan_layers, remat_policy=m.remat_policy,
                    attention_impl=m.attention_impl)
   for field in ('hidden_dropout', 'attention_dropout'):
     if m[field] is not None:
       overrides[field] = m[field]
+  return overrides
+
+
+def load_start(config):
+  """The start point with the run's model overrides (dtype, dropout, layout)."""
+  if not config.init:
+    raise ValueError('no start point: pass --init=<our workdir | HF directory | TF checkpoint>')
   start = start_points.load_start_point(config.init, do_lower_case=config.do_lower_case,
-                                        **overrides)
+                                        **model_overrides(config))
   length = config.data.max_seq_length
   if length > start.cfg.max_position_embeddings:
     raise ValueError(f'data.max_seq_length={length} exceeds the start point\'s '

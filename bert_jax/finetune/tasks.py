@@ -516,6 +516,30 @@ def featurize(records: TaskRecords, labels: tuple[str, ...], tokenizer, d,
   return Task(records.name, kind, labels, train, evals, head, tokenizer, d, records.squad_v2)
 
 
+def head_without_data(config, num_labels: int | None = None) -> tuple[str, heads.Head]:
+  """(kind, head) that a task's config implies before any data is read, for compiling its
+  step ahead of time: GLUE's and MR's label sets, CoNLL-2003's tags, SQuAD's spans, SWAG's
+  choices; `num_labels` for the rest (generic classification, other tag sets) or to
+  override."""
+  task, dropout = config.task, config.model.classifier_dropout
+  if task in ('squad', 'squad_v2'):
+    return SPAN, make_head(SPAN, (), dropout)
+  if task == 'swag':
+    return MULTIPLE_CHOICE, make_head(MULTIPLE_CHOICE, (), dropout)
+  if task in GLUE_TASK_NAMES:
+    glue_task = glue.GLUE_TASKS[GLUE_TASK_NAMES[task]]
+    kind, labels = (REGRESSION if glue_task.is_regression else CLASSIFICATION), glue_task.labels
+  elif task == 'conll':
+    kind, labels = TAGGING, conll.CONLL2003_LABELS
+  elif task in ('mr_regression',) or (task == 'generic' and config.data.regression):
+    kind, labels = REGRESSION, ()
+  else:  # mr, generic
+    kind, labels = CLASSIFICATION, ('0', '1')
+  if num_labels and kind != REGRESSION:
+    labels = tuple(str(i) for i in range(num_labels))
+  return kind, make_head(kind, tuple(labels or ()), dropout)
+
+
 def make_head(kind: str, labels: tuple[str, ...], classifier_dropout: float | None
               ) -> heads.Head:
   if kind == SPAN:
