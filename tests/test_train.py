@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -90,31 +89,6 @@ def test_tiny_learns_and_evaluates(data, tmp_path):
   assert last < first - 0.5, (first, last)
   assert 0 <= result['eval']['mlm_accuracy'] <= 1 and math.isfinite(result['eval']['mlm_loss'])
   assert checkpointing.make_manager(str(tmp_path)).latest_step() == 40
-
-
-def test_kill_9_then_resume_gives_bit_identical_losses(data, tmp_path):
-  values = overrides(data, steps=30)
-  whole = run_main(str(tmp_path / 'whole'), values)
-  assert whole.returncode == 0, whole.stderr[-3000:]
-  proc = start_main(str(tmp_path / 'killed'), values)
-  wait_for_step(str(tmp_path / 'killed'), 15, proc)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  killed_at = max(logged_losses(str(tmp_path / 'killed')))
-  assert killed_at < 30, 'the run finished before it could be killed'
-  resumed = run_main(str(tmp_path / 'killed'), values)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  a, b = logged_losses(str(tmp_path / 'whole')), logged_losses(str(tmp_path / 'killed'))
-  assert [a[s] for s in range(16, 31)] == [b[s] for s in range(16, 31)]
-
-
-def test_sigterm_saves_at_the_next_step_and_exits_zero(data, tmp_path):
-  proc = start_main(str(tmp_path), overrides(data, steps=200))
-  wait_for_step(str(tmp_path), 6, proc)
-  proc.send_signal(signal.SIGTERM)
-  assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
-  saved = checkpointing.make_manager(str(tmp_path)).latest_step()
-  assert saved == max(logged_losses(str(tmp_path))) and 6 <= saved < 200
 
 
 def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
