@@ -31,18 +31,7 @@ from bert_jax.training.run_control import PreemptionFlag
 from bert_jax.pretrain import step as ts
 from input_pipeline import fs
 from input_pipeline.pretraining import dataset as data_lib
-
-
-def reader_config(config, files: str, batch_size: int, seed: int) -> data_lib.ReaderConfig:
-  d = config.data
-  return data_lib.ReaderConfig(
-      files=files, batch_size=batch_size, max_seq_length=d.max_seq_length,
-      max_predictions_per_seq=d.max_predictions_per_seq, packed=d.packed,
-      max_instances_per_row=d.max_instances_per_row, shuffle_buffer=d.shuffle_buffer,
-      seed=seed, dynamic_masking=d.dynamic_masking, whole_word_masking=d.whole_word_masking,
-      pack=d.pack, pack_window=d.pack_window, vocab_size=config.model.vocab_size,
-      threads=d.threads, vocab_file=d.vocab_file, spm_model=d.spm_model,
-      do_lower_case=d.do_lower_case, sentence_objective=d.sentence_objective)
+from input_pipeline.pretraining.dataset import reader_config
 
 
 def per_process_batch(global_batch: int) -> int:

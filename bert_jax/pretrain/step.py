@@ -24,7 +24,7 @@ from bert_jax.model.encoder import BertForPreTraining, init_params, logical_para
 from bert_jax.training.setup import Objective, RunSetup, build, model_config
 from bert_jax.training.state import TrainState
 from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining.features import BatchLayout
+from input_pipeline.pretraining import dataset as data_lib
 
 SENTENCE_HEAD_OBJECTIVES = ('nsp', 'sop')  # objectives that train the 2-way head
 MODEL_FEATURES = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',
@@ -156,7 +156,7 @@ def objective(config) -> Objective:
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
   model = BertForPreTraining(model_cfg)
-  layout = BatchLayout.from_data_config(config.data)
+  layout = data_lib.output_layout(data_lib.reader_config(config))
   return Objective(
       name=f'pretraining ({sentence_objective})', model_cfg=model_cfg,
       init_params=functools.partial(init_params, model_cfg),

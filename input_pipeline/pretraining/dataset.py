@@ -142,6 +142,23 @@ def check_sentence_objective(files: list[str], sizes: list[int], cfg: ReaderConf
           f'python -m input_pipeline.pretraining.create_pretraining_data --next_sentence={want}')
 
 
+def reader_config(config, files: str = '', batch_size: int = 1,
+                  seed: int | None = None) -> ReaderConfig:
+  """The reader of a run's config (its `data` block and `model.vocab_size`): the one place a
+  config becomes a ReaderConfig, for training, eval and the batch layout the step compiles
+  for."""
+  d = config.data
+  return ReaderConfig(
+      files=files, batch_size=batch_size, max_seq_length=d.max_seq_length,
+      max_predictions_per_seq=d.max_predictions_per_seq, packed=d.packed,
+      max_instances_per_row=d.max_instances_per_row, shuffle_buffer=d.shuffle_buffer,
+      seed=config.seed if seed is None else seed, dynamic_masking=d.dynamic_masking,
+      whole_word_masking=d.whole_word_masking, pack=d.pack, pack_window=d.pack_window,
+      vocab_size=config.model.vocab_size, threads=d.threads, vocab_file=d.vocab_file,
+      spm_model=d.spm_model, do_lower_case=d.do_lower_case,
+      sentence_objective=d.sentence_objective)
+
+
 def stored_layout(cfg: ReaderConfig) -> features.BatchLayout:
   """The layout of the records on disk (packed only if written packed)."""
   return features.BatchLayout(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.packed,

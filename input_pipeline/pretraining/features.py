@@ -26,13 +26,6 @@ class BatchLayout:
   packed: bool = False  # rows of several instances (stored packed, or packed by the reader)
   max_instances_per_row: int = 3
 
-  @classmethod
-  def from_data_config(cls, data) -> 'BatchLayout':
-    """The layout the reader yields for a config's `data` section: packed when the records
-    are (`data.packed`) or when the reader packs them (`data.pack`)."""
-    return cls(data.max_seq_length, data.max_predictions_per_seq,
-               bool(data.packed or data.pack), data.max_instances_per_row)
-
   def features(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """name -> (per-row shape, dtype) of a batch row."""
     s, p, k = self.max_seq_length, self.max_predictions_per_seq, self.max_instances_per_row
