@@ -12,7 +12,7 @@ PyTorch/LanguageModeling/BERT), choice by choice:
   only `lr` given, so apex/optimizers/fused_lamb.py's defaults hold: betas (0.9, 0.999),
   eps 1e-6, bias correction on, decoupled decay (`adam_w_mode=True`), `max_grad_norm=1.0`
   (global-norm clipping before the moments), `use_nvlamb=False` (no trust ratio where weight
-  decay is 0); one trust ratio per tensor (csrc/multi_tensor_lamb.cu). See bert_jax/training/optim.py;
+  decay is 0); one trust ratio per tensor (csrc/multi_tensor_lamb.cu). See training/optim.py;
 - weight decay 0.01, and 0 for names containing 'bias', 'gamma', 'beta' or 'LayerNorm'
   (run_pretraining.py `no_decay`): our `optim.decay_mask` (biases, LayerNorm scale and bias);
 - schedule `PolyWarmUpScheduler` (schedulers.py; degree 0.5) with `--warmup_proportion`

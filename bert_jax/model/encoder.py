@@ -8,7 +8,7 @@ number:
   sequence, because the full-vocabulary projection is the single largest matmul in BERT;
 - layers run under `nn.scan`, so compile time does not grow with depth.
 
-Packed rows (input_pipeline/pretraining/features.py) are handled by feature name: `packed_segment_ids` gives a
+Packed rows (pretraining/features.py) are handled by feature name: `packed_segment_ids` gives a
 block-diagonal attention mask and `position_ids` restart per instance, so each instance gets
 exactly the logits it would get alone.
 
@@ -304,8 +304,8 @@ class Encoder(nn.Module):
 class BertForPreTraining(nn.Module):
   """BERT with both pre-training heads.
 
-  Call with the feature dict's arrays (input_pipeline/pretraining/features.py names). `masked_lm_positions` limits the MLM
-  head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
+  Call with the feature dict's arrays (pretraining/features.py names). `masked_lm_positions`
+  limits the MLM head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
   Dropout is on when `deterministic=False` and needs a 'dropout' rng.
   """
 

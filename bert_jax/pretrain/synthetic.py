@@ -3,7 +3,7 @@
 Rows end in ~10% padding, carry `predictions` real MLM labels at distinct non-padding
 positions and random NSP labels: the peer benchmark's definition (issue 5). Packed layouts
 (`packed=True`) get one instance per row in the packed fields, so the batch has exactly the
-names, shapes and dtypes of `input_pipeline.pretraining.features` that a packed run's step compiles for.
+names, shapes and dtypes of `pretraining.features` that a packed run's step compiles for.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def _per_module(stats: CorpusStats) -> Iterator[Document]:
   stats.files += counted.files
 
 
-# Unlabelled opinion text of Hutto & Gilbert's ICWSM-2014 data (the archive input_pipeline/tasks/mr.py
+# Unlabelled opinion text of Hutto & Gilbert's ICWSM-2014 data (the archive tasks/mr.py
 # reads MR from): NYT editorial and Amazon review snippets, whose ids `doc_sentence` keep each
 # editorial/review's sentences together, and tweets (one per document). Movie-review snippets,
 # MR's own sentences, are never read here.

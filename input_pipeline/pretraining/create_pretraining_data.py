@@ -15,7 +15,7 @@ boundaries); each window is tokenized, turned into instances exactly as the refe
 disjoint shards, and every window has its own seed, so the output depends on the seed and
 the shard count but not on the number of workers.
 
-`--next_sentence=nsp|sop|none` picks the sentence objective (input_pipeline/pretraining/objectives.py):
+`--next_sentence=nsp|sop|none` picks the sentence objective (objectives.py):
 the reference's NSP pairs (default), ALBERT's sentence-order pairs, or RoBERTa's full-sentence
 rows with no sentence label; sop and none records carry a marker the reader checks.
 """

@@ -19,7 +19,7 @@ with zero-weight rows so every batch has the jitted shape. Reading, masking and 
 `tf.numpy_function`s declared stateless, so iterator checkpoints still work.
 
 Records written for another sentence objective than `sentence_objective` (nsp, sop, none; a
-marker in each record, input_pipeline/pretraining/objectives.py) are refused with a ValueError up front.
+marker in each record, objectives.py) are refused with a ValueError up front.
 
 `DataIterator.save/restore` checkpoint the whole tf.data iterator (shuffle buffers included)
 with `tf.train.Checkpoint`, staged through a local temporary directory when the target is a
@@ -96,7 +96,7 @@ def list_files(patterns: str) -> list[str]:
 
 
 def record_objective(record: bytes) -> str:
-  """The sentence objective a record was written for (input_pipeline/pretraining/objectives.py): its
+  """The sentence objective a record was written for (objectives.py): its
   marker; else sop for google-research/albert's records (they alone carry `token_boundary`;
   ALBERT's default is SOP), else nsp (google-research/bert's records and ours)."""
   feature = tf.train.Example.FromString(record).features.feature

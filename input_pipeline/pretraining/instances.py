@@ -13,7 +13,7 @@ data creation by default pairs with `pair_spans` (O(1) truncation) and masks who
 once with `masking.mask_block` (same rules, numpy random stream, far faster).
 
 `sop_spans` (ALBERT's sentence order) and `full_sentence_rows` (RoBERTa's FULL-SENTENCES)
-are the other two sentence objectives, described in input_pipeline/pretraining/objectives.py.
+are the other two sentence objectives, described in objectives.py.
 
 One documented choice: by default random replacements come from `tokenizer.replacement_ids`
 (real tokens, no specials or [unused]); the reference draws from the whole vocabulary, which
@@ -282,7 +282,7 @@ def create_instances(documents: list[list[list[int]]], cfg: MaskingConfig, token
 
 def sop_spans(window: Window, doc: int, cfg: MaskingConfig, rng: random.Random
               ) -> Iterator[tuple[int, int, int, int, bool, bool]]:
-  """ALBERT's sentence-order pairs of one document (input_pipeline/pretraining/objectives.py): (A offset,
+  """ALBERT's sentence-order pairs of one document (objectives.py): (A offset,
   A length, B offset, B length, swapped, truncated). Chunks are cut as `pair_spans` cuts
   them, B is always the actual continuation, then a coin flip swaps A and B."""
   cum, base = window.cum[doc], window.doc_start[doc]
@@ -319,7 +319,7 @@ def sop_spans(window: Window, doc: int, cfg: MaskingConfig, rng: random.Random
 
 
 class FullSentenceRows:
-  """RoBERTa's FULL-SENTENCES rows (input_pipeline/pretraining/objectives.py) as they are built:
+  """RoBERTa's FULL-SENTENCES rows (objectives.py) as they are built:
   `[CLS] sentences [SEP]`, whole sentences while they fit, a [SEP] between documents."""
 
   def __init__(self, tokens: np.ndarray, max_seq_length: int, cls_id: int, sep_id: int):

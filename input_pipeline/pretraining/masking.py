@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining.instances import (MaskingConfig, Window, full_sentence_rows, pair_spans,
-                                      sop_spans)
+from input_pipeline.pretraining.instances import (MaskingConfig, Window, full_sentence_rows,
+                                                  pair_spans, sop_spans)
 
 
 @dataclasses.dataclass
@@ -145,7 +145,7 @@ class Block:
     return len(self.is_random_next)
 
   def features(self) -> dict[str, np.ndarray]:
-    """The reference's record fields (input_pipeline/pretraining/features.py), [N, ...] each, plus the objective marker."""
+    """The reference's record fields (features.py), [N, ...] each, plus the objective marker."""
     m = self.masked
     return {'input_ids': m.input_ids, 'input_mask': m.input_mask, 'segment_ids': m.segment_ids,
             'masked_lm_positions': m.masked_lm_positions, 'masked_lm_ids': m.masked_lm_ids,
@@ -176,7 +176,7 @@ def create_block(documents: Sequence[Sequence[Sequence[int]]], cfg: MaskingConfi
                  sentence_objective: str = 'nsp') -> Block:
   """The reference's main loop over documents (shuffle, dupe passes of pairs, shuffle), with
   pairs kept as spans and masked `chunk_rows` at a time (bounded temporaries); or the rows of
-  another sentence objective (input_pipeline/pretraining/objectives.py). Deterministic for `seed`."""
+  another sentence objective (objectives.py). Deterministic for `seed`."""
   window = Window(documents)
   if objectives.check_name(sentence_objective, 'sentence objective') == 'sop':
     return sop_block(window, cfg, tokenizer, seed, dupe_factor, chunk_rows)

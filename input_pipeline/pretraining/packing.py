@@ -3,11 +3,11 @@
 Best-fit-decreasing (like Graphcore's packing, which halved the rows of MLPerf's Wikipedia
 data): longest first, each into the fullest row that still has room for its tokens, its masked
 positions and one more instance (at most `max_instances_per_row`, K). Rows carry the packed
-fields of input_pipeline/pretraining/features.py; the model turns `packed_segment_ids` into a block-diagonal attention mask
+fields of features.py; the model turns `packed_segment_ids` into a block-diagonal attention mask
 and `position_ids` restart per instance, so every instance gets exactly the logits it would get
 alone. Row assembly is vectorised: one scatter per field for the whole block.
 
-All three sentence objectives (input_pipeline/pretraining/objectives.py) pack alike: SOP rows are pairs
+All three sentence objectives (objectives.py) pack alike: SOP rows are pairs
 like NSP's; full-sentence rows are instances with all-zero segment ids whose sentence labels the
 trainer ignores, and gain little (only a window's last row is short) but still pack.
 """
@@ -54,7 +54,7 @@ def pack_rows(lengths: np.ndarray, num_masked: np.ndarray, cfg: MaskingConfig,
 
 def pack_block(block: Block, cfg: MaskingConfig, max_instances_per_row: int,
                chunk_rows: int = 4096) -> dict[str, np.ndarray]:
-  """A block's instances -> packed rows (the packed fields of input_pipeline/pretraining/features.py), [R, ...] each."""
+  """A block's instances -> packed rows (the packed fields of features.py), [R, ...] each."""
   m = block.masked
   s, p, k = cfg.max_seq_length, cfg.max_predictions_per_seq, max_instances_per_row
   groups = pack_rows(m.lengths, m.num_masked, cfg, k)

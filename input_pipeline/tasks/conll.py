@@ -16,7 +16,7 @@ of a 4-column file.
 Tags are kept as the file gives them: the original `eng.train` is IOB1 (an entity starts with
 I-, B- only between two adjacent entities of one type), most redistributions are BIO; POS tags
 have no prefixes at all. `is_bio` decides from a label set whether entity F1
-(`bert_jax.finetune.metrics.entity_f1`, conlleval's chunking, which scores IOB1 and BIO the same way) is
+(`finetune.metrics.entity_f1`, conlleval's chunking, which scores IOB1 and BIO the same way) is
 meaningful; `to_bio` rewrites IOB1 as BIO for a label set that wants every entity to start
 with B-.
 """
