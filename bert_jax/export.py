@@ -13,20 +13,6 @@ from __future__ import annotations
 from absl import app, flags
 
 from bert_jax.convert.workdir import export_workdir
-from bert_jax.training import checkpointing
-
-
-def evaluate_workdir(config, workdir: str) -> dict:
-  """Held-out metrics of the latest checkpoint (main.py --mode=eval)."""
-  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
-  from bert_jax.pretrain import run as train
-  if not config.data.eval_files:
-    raise ValueError('--config.data.eval_files is empty')
-  step, params = checkpointing.restore_params(workdir)
-  setup = pretrain_step.setup(config)
-  batch = train.per_process_batch(config.train.global_batch_size)
-  return {'step': step, **train.evaluate(setup.eval_step(), setup.place_params(params), setup,
-                                         batch)}
 
 
 FLAGS = flags.FLAGS

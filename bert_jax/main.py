@@ -42,7 +42,8 @@ def main(argv):
 
 
 def run_mode(config) -> dict:
-  from bert_jax import export  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert.workdir import export_workdir
   from bert_jax.pretrain import run as train
   if FLAGS.mode == 'train':
     if not config.data.train_files:
@@ -50,11 +51,11 @@ def run_mode(config) -> dict:
                            'python -m input_pipeline.pretraining.create_pretraining_data')
     result = train.train_and_evaluate(config, FLAGS.workdir)
   elif FLAGS.mode == 'eval':
-    result = export.evaluate_workdir(config, FLAGS.workdir)
+    result = train.evaluate_workdir(config, FLAGS.workdir)
   else:
     if not FLAGS.output:
       raise app.UsageError('--mode=export needs --output')
-    result = {'exported': export.export_workdir(FLAGS.workdir, FLAGS.output, config=config)}
+    result = {'exported': export_workdir(FLAGS.workdir, FLAGS.output, config=config)}
   return result
 
 

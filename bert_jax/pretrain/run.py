@@ -66,6 +66,16 @@ def evaluate(eval_step, params, setup: run_setup.RunSetup, batch_size: int) -> d
   return {k: float(v) for k, v in jax.device_get(ts.summarize(totals)).items()}
 
 
+def evaluate_workdir(config, workdir: str) -> dict:
+  """Held-out metrics of a workdir's latest checkpoint (`bert_jax.main --mode=eval`)."""
+  if not config.data.eval_files:
+    raise ValueError('--config.data.eval_files is empty')
+  step, params = checkpointing.restore_params(workdir)
+  setup = ts.setup(config)
+  batch = per_process_batch(config.train.global_batch_size)
+  return {'step': step, **evaluate(setup.eval_step(), setup.place_params(params), setup, batch)}
+
+
 def _any_process(flag: bool) -> bool:
   """Whether `flag` holds on any process (a small host collective when there are several)."""
   if jax.process_count() == 1:
