@@ -20,38 +20,31 @@ import argparse
 import glob
 import json
 import os
-import subprocess
 import sys
-import time
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import harness
+
+ROOT = harness.ROOT
 VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 
 
 def fetch_reference(directory: str) -> str:
   if not os.path.exists(os.path.join(directory, 'bert', 'create_pretraining_data.py')):
     os.makedirs(directory, exist_ok=True)
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '-q',
-                    'bert-tensorflow==1.0.4', '-d', directory], check=True)
+    harness.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '-q',
+                 'bert-tensorflow==1.0.4', '-d', directory])
     with zipfile.ZipFile(glob.glob(os.path.join(directory, 'bert_tensorflow-*.whl'))[0]) as z:
       z.extractall(directory)
   return directory
 
 
 def timed(cmd: list[str], env: dict | None = None, pin: bool = True) -> dict:
-  """Run to completion; wall seconds and peak RSS (MiB) of the process tree's largest member."""
-  if pin:
-    cmd = ['taskset', '-c', '0'] + cmd
-  start = time.perf_counter()
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3', **(env or {})})
-  out = proc.stdout.read().decode(errors='replace')
-  _, status, usage = os.wait4(proc.pid, 0)
-  seconds = time.perf_counter() - start
-  if os.waitstatus_to_exitcode(status):
-    raise RuntimeError(f'{" ".join(cmd)} failed:\n{out[-3000:]}')
-  return {'seconds': seconds, 'peak_rss_mib': usage.ru_maxrss / 1024, 'log': out}
+  """Run to completion (harness.run): wall seconds and peak RSS (MiB) of the process tree's
+  largest member; pinned to core 0 with `pin`."""
+  r = harness.run((['taskset', '-c', '0'] if pin else []) + cmd,
+                  env={'TF_CPP_MIN_LOG_LEVEL': '3', **(env or {})})
+  return {'seconds': r.seconds, 'peak_rss_mib': r.peak_rss_mib, 'log': r.stdout + r.stderr}
 
 
 def reference_run(ref_dir, corpus, out, seq, preds, dupe):
@@ -132,6 +125,7 @@ def main():
   big = os.path.join(args.corpus_dir, 'real_x4.txt')
   o = lambda name: os.path.join(args.out, name)  # noqa: E731
   results = {}
+  print(harness.machine())
   print('| run | instances | seconds | instances/s | peak RSS MiB |')
   print('| --- | ---: | ---: | ---: | ---: |')
 

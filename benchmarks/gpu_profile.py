@@ -19,17 +19,14 @@ import gzip
 import json
 import os
 import re
-import sys
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
+import jax
 
-import jax  # noqa: E402
-
-import gpu_step  # noqa: E402
-from input_pipeline import fs  # noqa: E402
+import gpu_step
+from bert_jax.training import sharding as shd
+from input_pipeline import fs
 
 KINDS = [('matmul', re.compile(r'gemm|cutlass|matmul|sm90_xmma|sm80_xmma|ampere|hopper|nvjet',
                                re.I)),
@@ -46,12 +43,12 @@ def kind_of(name: str) -> str:
   return 'other'
 
 
-def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top: int) -> None:
+def report(side: str, kernels: dict[str, float], steps: int, step_s: float, top: int) -> None:
   total = sum(kernels.values())
   by_kind = collections.Counter()
   for name, us in kernels.items():
     by_kind[kind_of(name)] += us
-  print(f'\n## {side}: {wall_s / steps * 1e3:.1f} ms/step wall, '
+  print(f'\n## {side}: {step_s * 1e3:.1f} ms/step wall, '
         f'{total / steps / 1e3:.1f} ms/step of GPU kernels, {len(kernels)} distinct kernels')
   for kind, us in by_kind.most_common():
     print(f'  {kind:10s} {us / steps / 1e3:8.2f} ms/step  {us / total:6.1%}')
@@ -60,10 +57,9 @@ def report(side: str, kernels: dict[str, float], steps: int, wall_s: float, top:
     print(f'    {us / steps / 1e3:7.2f}  {us / total:6.1%}  {name[:110]}')
 
 
-def profile_ours(size, host, steps, top, dump_hlo, scanned):
-  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
-  cfg = BertConfig.from_preset(size, dtype='bfloat16', scan_layers=scanned)
-  state, compiled, on_device, _, _ = gpu_step.compiled_step(cfg, host)
+def profile_ours(setup, host, steps, top, dump_hlo):
+  on_device = [shd.global_batch(b, setup.mesh) for b in host[:2]]
+  compiled, _ = harness.compile_train_step(setup, on_device[0])
   text = compiled.as_text()
   gemms = re.findall(r'custom_call_target="(__cublas[^"]*|__cudnn[^"]*)"', text)
   print(f'ours: {len(text.splitlines())} HLO lines, custom calls {collections.Counter(gemms)}, '
@@ -74,16 +70,16 @@ def profile_ours(size, host, steps, top, dump_hlo, scanned):
     print('   ', line.strip()[:200])
   if dump_hlo:
     fs.write_text(dump_hlo, text)
-  for i in range(5):
-    state, metrics = compiled(state, on_device[i % 2])
-  jax.block_until_ready(metrics)
+  holder = {'state': setup.fresh_state()}
+
+  def step(i):
+    holder['state'], metrics = compiled(holder['state'], on_device[i % 2])
+    return metrics
+
+  harness.timed(step, steps=0, warmup=5)
   logdir = tempfile.mkdtemp(prefix='bert_jax_profile_')
-  t = time.perf_counter()
   with jax.profiler.trace(logdir, create_perfetto_trace=True):
-    for i in range(steps):
-      state, metrics = compiled(state, on_device[i % 2])
-    jax.block_until_ready((state, metrics))
-  wall = time.perf_counter() - t
+    step_s = harness.timed(step, steps=steps, warmup=0, back_to_back=True).median
   traces = glob.glob(os.path.join(logdir, '**', '*trace.json.gz'), recursive=True)
   if not traces:
     raise SystemExit(f'the JAX profiler wrote no *trace.json.gz under {logdir} (this jax may '
@@ -104,28 +100,23 @@ def profile_ours(size, host, steps, top, dump_hlo, scanned):
         kernels[e['name']] += float(e.get('dur', 0))
   if not kernels:
     print('ours: no GPU kernel events; process lanes:', sorted(set(pids.values()))[:20])
-  report('ours', kernels, steps, wall, top)
+  report('ours', kernels, steps, step_s, top)
 
 
 def profile_hf(size, host, steps, top):
   import torch  # pylint: disable=g-import-not-at-top
   from torch.profiler import ProfilerActivity, profile  # pylint: disable=g-import-not-at-top
   step_on, device_batches = gpu_step.hf_step(size, host)
-  step = lambda: step_on(device_batches[0])  # noqa: E731
-  for _ in range(5):
-    step()
-  torch.cuda.synchronize()
-  t = time.perf_counter()
+  step = lambda i: step_on(device_batches[0])  # noqa: E731
+  sync = lambda _: torch.cuda.synchronize()  # noqa: E731
+  harness.timed(step, steps=0, warmup=5, sync=sync)
   with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    for _ in range(steps):
-      step()
-    torch.cuda.synchronize()
-  wall = time.perf_counter() - t
+    step_s = harness.timed(step, steps=steps, warmup=0, sync=sync, back_to_back=True).median
   kernels = collections.Counter()
   for e in prof.events():
     if e.device_type == torch.autograd.DeviceType.CUDA:
       kernels[e.name] += e.device_time
-  report('hf_torch', kernels, steps, wall, top)
+  report('hf_torch', kernels, steps, step_s, top)
 
 
 def main():
@@ -140,13 +131,13 @@ def main():
                  '(default unrolled, as gpu_step.py)')
   args = p.parse_args()
   size, seq, batch = gpu_step.parse_config(args.config, '--config')
-  preds = 20 * seq // 128
-  from bert_jax.model.encoder import BertConfig  # pylint: disable=g-import-not-at-top
-  host = gpu_step.batches(2, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
+  setup, host = gpu_step.configured(gpu_step.gpu_config(size, seq, batch,
+                                                        scan_layers=args.scanned))
+  print(harness.machine())
   print(f'device {jax.devices()[0].device_kind}, jax {jax.__version__}, config {args.config}',
         flush=True)
   if 'ours' in args.sides:
-    profile_ours(size, host, args.steps, args.top, args.dump_hlo, args.scanned)
+    profile_ours(setup, host, args.steps, args.top, args.dump_hlo)
   if 'hf_torch' in args.sides:
     profile_hf(size, host, args.steps, args.top)
 

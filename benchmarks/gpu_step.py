@@ -1,106 +1,89 @@
 r"""BERT-base and BERT-large pre-training steps on one GPU in bfloat16: ours against HF PyTorch.
 
   python benchmarks/gpu_step.py [--configs base:128:256,base:512:64,large:128:128,large:512:8]
+  python benchmarks/gpu_step.py --configs=tiny:128:8 --steps=2 --warmup=1 --sides=ours  # smoke
 
-Ours runs with its layers unrolled (model.scan_layers=False, what GPU runs should use;
-`--scanned` for the default layout). Per config (size:seq:batch), in this order, each in this
-one process: ours as a bare step (the compiled train step on a batch already on the device,
-back to back, one sync at the end),
+Ours is the configured run's step (configs/benchmarks.py's recipe of the size, built by the run
+setup of benchmarks/harness.py: adamw_bert with the BERT schedule and clipping to norm 1.0, the
+default sharding rules) with `model.dtype=bfloat16` and its layers unrolled
+(`model.scan_layers=False`, what GPU runs should use; `--scanned` for the default layout).
+Per config (size:seq:batch), in this order, each in this one process: ours as a bare step (the
+compiled train step on a batch already on the device, back to back, one sync at the end),
 ours host-fed (a fresh numpy batch copied to the device every step and the step's metrics read
-one step behind: the transfer and metric pattern of bert_jax.pretrain.run's loop, without its tf.data
-reader, which the GPU image lacks), and HuggingFace PyTorch `BertForPreTraining` (bf16
-autocast over float32 weights, fused AdamW, SDPA attention, the same numpy batch). All sides:
-mixed precision (float32 weights and optimizer, bfloat16 matmuls), AdamW lr 1e-4 wd 0.01,
-dropout 0.1, 20 masked predictions per 128 tokens (80 per 512), no padding. Step time = wall
-time of `--steps` steps after `--warmup`, divided by the steps. MFU = the model FLOPs of
-`bert_jax.model.flops.train_flops_per_step` (MLM head on the masked positions) / step time / the
-GPU's bf16 dense peak (`flops.KNOWN_PEAKS`; H100 989 TFLOP/s).
+one step behind: the transfer and metric pattern of bert_jax.pretrain.run's loop, without its
+tf.data reader, which the GPU image lacks), and HuggingFace PyTorch `BertForPreTraining` (bf16
+autocast over float32 weights, fused AdamW with gradients clipped to norm 1.0 as HF's Trainer
+does by default, SDPA attention, the same numpy batch). All sides: mixed precision (float32
+weights and optimizer, bfloat16 matmuls), lr 1e-4, weight decay 0.01, dropout 0.1, 20 masked
+predictions per 128 tokens (80 per 512), no padding. Step time = wall time of `--steps` steps
+after `--warmup`, divided by the steps (harness.timed, back to back). MFU = the model FLOPs of
+`bert_jax.model.flops.train_flops_per_step` (MLM head on the masked positions) / step time /
+the GPU's bf16 dense peak (`flops.KNOWN_PEAKS`; H100 989 TFLOP/s).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bert_jax.model import flops  # noqa: E402
-from bert_jax.pretrain import step as ts, synthetic
-from bert_jax.training import optim, sharding as shd
-from bert_jax.model.encoder import BertConfig  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import full_labels  # noqa: E402  (HF's [B, S] MLM labels of our batch)
+from bert_jax.model import flops
+from bert_jax.model.encoder import BertConfig
+from bert_jax.training import sharding as shd
+from peers import full_labels  # HF's [B, S] MLM labels of our batch
 
 
-def batches(n: int, batch: int, seq: int, preds: int, vocab: int) -> list[dict]:
-  rng = np.random.default_rng(0)
-  out = []
-  for _ in range(n):
-    b = synthetic.random_batch(rng, batch, seq, preds, vocab)
-    b['input_mask'][:] = 1  # no padding: every side does the same work
-    out.append(b)
-  return out
+def gpu_config(size: str, seq: int, batch: int, attention_dropout: float = 0.1,
+               attention_impl: str | None = None, hidden_dropout: float = 0.1,
+               scan_layers: bool = False):
+  """configs/benchmarks.py's run of `size` in bf16 at `batch` x `seq` (20 predictions per 128
+  tokens), with the dropouts, attention implementation and layer layout given."""
+  return harness.config('benchmarks', size, **{
+      'model.dtype': 'bfloat16', 'model.scan_layers': scan_layers,
+      'model.attention_dropout': attention_dropout, 'model.hidden_dropout': hidden_dropout,
+      'model.attention_impl': attention_impl, 'train.global_batch_size': batch,
+      'data.max_seq_length': seq, 'data.max_predictions_per_seq': 20 * seq // 128})
 
 
-def compiled_step(cfg: BertConfig, host: list[dict]):
-  """Our AdamW (lr 1e-4, wd 0.01) train step for `cfg` on one device, compiled ahead of time:
-  (fresh state, the compiled step, `host`'s first two batches on the device, compile seconds,
-  the one-device mesh the step runs on)."""
-  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
-  schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
-  tx = optim.make_optimizer('adamw', schedule, weight_decay=0.01)
-  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
-  state = ts.create_train_state(cfg, tx, 0, shardings)
-  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
-  on_device = [shd.global_batch(b, mesh) for b in host[:2]]
-  t = time.perf_counter()
-  with shd.activate(mesh, shd.DEFAULT_RULES):
-    compiled = step.jitted.lower(state, on_device[0]).compile()
-  return state, compiled, on_device, time.perf_counter() - t, mesh
+def configured(config):
+  """The config's run setup on one device and 4 random batches without padding (every side
+  does the same work), on the host: (setup, host batches)."""
+  setup = harness.configured_setup(config, devices=jax.devices()[:1])
+  return setup, harness.synthetic_batches(setup, 4, pad_fraction=0.0, on_device=False)
 
 
-def ours(size: str, seq: int, batch: int, preds: int, host: list[dict], steps: int,
-         warmup: int, attention_dropout: float = 0.1, attention_impl: str | None = None,
-         hidden_dropout: float = 0.1, scan_layers: bool = True) -> dict:
-  cfg = BertConfig.from_preset(size, dtype='bfloat16', attention_dropout=attention_dropout,
-                               attention_impl=attention_impl, hidden_dropout=hidden_dropout,
-                               scan_layers=scan_layers)
-  state, compiled, on_device, compile_s, mesh = compiled_step(cfg, host)
-  for i in range(warmup):
-    state, metrics = compiled(state, on_device[i % 2])
-  jax.block_until_ready(metrics)
-  t = time.perf_counter()
-  for i in range(steps):
-    state, metrics = compiled(state, on_device[i % 2])
-  jax.block_until_ready((state, metrics))
-  bare = (time.perf_counter() - t) / steps
-  # Host-fed: copy a fresh batch per step, read step i-1's metrics after dispatching step i.
-  t = time.perf_counter()
-  previous = None
-  for i in range(steps):
-    state, metrics = compiled(state, shd.global_batch(host[i % len(host)], mesh))
-    if previous is not None:
-      loss = float(jax.device_get(previous['loss']))
-    previous = metrics
-  loss = float(jax.device_get(previous['loss']))
-  fed = (time.perf_counter() - t) / steps
-  model_flops = flops.train_flops_per_step(cfg, batch, seq, preds)
-  return dict(compile_s=compile_s, bare_s=bare, fed_s=fed, loss=loss, model_flops=model_flops)
+def ours(setup, host: list[dict], steps: int, warmup: int) -> dict:
+  """The bare step (batches already on the device, back to back, one sync at the end), then
+  host-fed from where it left off (a fresh numpy batch copied to the device every step, step
+  i-1's loss read after step i is dispatched: bert_jax.pretrain.run's transfer pattern)."""
+  on_device = [shd.global_batch(b, setup.mesh) for b in host[:2]]
+  bare = harness.time_train_steps(setup, on_device, steps=steps, warmup=warmup,
+                                  back_to_back=True)
+  state, previous = {'state': bare.state}, {'metrics': None}
+
+  def fed(i):
+    state['state'], metrics = bare.step(state['state'], shd.global_batch(host[i % len(host)],
+                                                                         setup.mesh))
+    if previous['metrics'] is not None:
+      float(jax.device_get(previous['metrics']['loss']))
+    previous['metrics'] = metrics
+    return metrics
+
+  fed_timing = harness.timed(fed, steps=steps, warmup=0, back_to_back=True)
+  rows, seq, preds = harness.batch_geometry(setup)
+  return dict(compile_s=bare.compile_s, bare_s=bare.timing.median,
+              fed_s=fed_timing.median, loss=float(jax.device_get(previous['metrics']['loss'])),
+              model_flops=flops.train_flops_per_step(setup.model_cfg, rows, seq, preds))
 
 
 def hf_step(size: str, host: list[dict], attention_dropout: float = 0.1,
             hidden_dropout: float = 0.1, device: str = 'cuda'):
-  """HF PyTorch `BertForPreTraining` (SDPA attention, fused AdamW lr 1e-4 wd 0.01, bf16
-  autocast over float32 weights) and `host`'s first two batches on `device`:
-  (step(batch) -> loss, the device batches)."""
+  """HF PyTorch `BertForPreTraining` (SDPA attention, fused AdamW lr 1e-4 wd 0.01 after
+  clipping to norm 1.0, bf16 autocast over float32 weights) and `host`'s first two batches on
+  `device`: (step(batch) -> loss, the device batches)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers
   preset = BertConfig.from_preset(size)
@@ -125,6 +108,7 @@ def hf_step(size: str, host: list[dict], attention_dropout: float = 0.1,
     with torch.autocast(device, dtype=torch.bfloat16):
       loss = model(**x).loss
     loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # HF Trainer's max_grad_norm
     opt.step()
     return loss
 
@@ -135,14 +119,9 @@ def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
              attention_dropout: float = 0.1, hidden_dropout: float = 0.1) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   step, device_batches = hf_step(size, host, attention_dropout, hidden_dropout)
-  for i in range(warmup):
-    step(device_batches[i % 2])
-  torch.cuda.synchronize()
-  t = time.perf_counter()
-  for i in range(steps):
-    step(device_batches[i % 2])
-  torch.cuda.synchronize()
-  return dict(step_s=(time.perf_counter() - t) / steps)
+  timing = harness.timed(lambda i: step(device_batches[i % 2]), steps=steps, warmup=warmup,
+                         sync=lambda _: torch.cuda.synchronize(), back_to_back=True)
+  return dict(step_s=timing.median)
 
 
 def parse_config(spec: str, flag: str) -> tuple[str, int, int]:
@@ -174,6 +153,7 @@ def main():
   args = p.parse_args()
   kind = jax.devices()[0].device_kind
   peak = flops.peak_flops_per_device()
+  print(harness.machine())
   print(f'device {kind}, bf16 dense peak {peak / 1e12:.0f} TFLOP/s, jax {jax.__version__}, '
         f'attention dropout {args.attention_dropout}, hidden dropout {args.hidden_dropout}, '
         f'ours scan_layers {args.scanned}, attention_impl '
@@ -183,11 +163,10 @@ def main():
   print('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |', flush=True)
   for spec in args.configs.split(','):
     size, seq, batch = parse_config(spec, '--configs')
-    preds = 20 * seq // 128
-    host = batches(4, batch, seq, preds, BertConfig.from_preset(size).vocab_size)
+    setup, host = configured(gpu_config(size, seq, batch, args.attention_dropout,
+                                        args.attention_impl, args.hidden_dropout, args.scanned))
     try:
-      r = ours(size, seq, batch, preds, host, args.steps, args.warmup, args.attention_dropout,
-               args.attention_impl, args.hidden_dropout, args.scanned)
+      r = ours(setup, host, args.steps, args.warmup)
     except jax.errors.JaxRuntimeError as e:  # out of memory: say so, go on with the next
       print(f'| BERT-{size} | {seq} | {batch} | {str(e).splitlines()[0][:120]} |', flush=True)
       continue

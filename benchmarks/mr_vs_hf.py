@@ -84,17 +84,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax.training import host_malloc  # noqa: E402  (re-executes with CPU malloc tuned, as the CLIs do)
+import harness  # noqa: E402
+
 if __name__ == '__main__':
-  host_malloc.reexec_with_tuned_malloc()
+  harness.tuned_malloc()
 
 import numpy as np  # noqa: E402
 
@@ -119,23 +118,15 @@ def mr_file(cache: str) -> str:
 
 
 def ours_config(model_dir: str, data_file: str, seed: int, epochs: int, length: int):
-  from configs import finetune as cf
-  c = cf.get_config('mr')
-  c.init = model_dir
-  c.seed = seed
-  c.seeds = [seed]
-  c.export = False
-  c.data.mr_file = data_file
-  c.data.max_seq_length = length
-  c.data.length_buckets = 1  # as HF's side: every row padded to `length`
-  c.train.global_batch_size = BATCH
-  c.train.eval_batch_size = EVAL_BATCH
-  c.train.num_epochs = epochs
-  o = c.optimizer
-  o.name, o.schedule, o.learning_rate = 'adamw', 'warmup_linear', LR
-  o.warmup_proportion, o.weight_decay, o.clip_norm = WARMUP, WD, CLIP
-  o.b1, o.b2, o.eps = 0.9, 0.999, EPS
-  return c
+  o = 'optimizer.'
+  return harness.config('finetune', 'mr', **{
+      'init': model_dir, 'seed': seed, 'seeds': [seed], 'export': False,
+      'data.mr_file': data_file, 'data.max_seq_length': length,
+      'data.length_buckets': 1,  # as HF's side: every row padded to `length`
+      'train.global_batch_size': BATCH, 'train.eval_batch_size': EVAL_BATCH,
+      'train.num_epochs': epochs, o + 'name': 'adamw', o + 'schedule': 'warmup_linear',
+      o + 'learning_rate': LR, o + 'warmup_proportion': WARMUP, o + 'weight_decay': WD,
+      o + 'clip_norm': CLIP, o + 'b1': 0.9, o + 'b2': 0.999, o + 'eps': EPS})
 
 
 def run_ours(model_dir, data_file, seed, epochs, length, workroot) -> dict:
@@ -229,9 +220,9 @@ def run_hf(model_dir, data, seed, epochs) -> dict:
   for epoch in range(epochs):
     rows = finetune.epoch_rows(seed, epoch, n, BATCH)
     loss_sum = torch.zeros(())
-    start = None
-    counted = 0
-    for b in range(steps_per_epoch):
+
+    def step(b, rows=rows):
+      nonlocal loss_sum
       idx = torch.from_numpy(rows[b][rows[b] >= 0])
       out = model(input_ids=tensors['input_ids'][idx],
                   attention_mask=tensors['attention_mask'][idx],
@@ -242,12 +233,12 @@ def run_hf(model_dir, data, seed, epochs) -> dict:
       sched.step()
       opt.zero_grad(set_to_none=True)
       loss_sum += out.loss.detach()
-      if start is None:
-        start = time.perf_counter()
-      else:
-        counted += len(idx)
-    seconds += time.perf_counter() - start
-    examples += counted
+      return len(idx)
+
+    # every step but the epoch's first is timed (ours: finetune.Throughput skips it too)
+    timing = harness.timed(step, steps=steps_per_epoch - 1, warmup=1, sync=lambda rows: rows)
+    seconds += sum(timing.values)
+    examples += sum(timing.results)
     losses.append(float(loss_sum) / steps_per_epoch)
     dev = hf_accuracy(model, data['dev'], torch)
     history.append(dev)
@@ -288,7 +279,7 @@ def smoke_file(sdist: str, n: int) -> str:
 
 
 def spread(xs) -> str:
-  return f'{statistics.median(xs):.4f} ({min(xs):.4f}-{max(xs):.4f})'
+  return harness.Spread(tuple(xs)).show(digits=4)
 
 
 def report(ours: list[dict], theirs: list[dict]) -> None:
@@ -345,6 +336,7 @@ def main() -> None:
   from input_pipeline.tasks import mr
   import jax
   if args.side is None:
+    print(harness.machine())
     print(f'jax {jax.__version__} on {jax.devices()}, torch {torch.__version__} with '
           f'{torch.get_num_threads()} threads, {os.cpu_count()} CPUs', flush=True)
 
@@ -390,7 +382,7 @@ def run_child(args, side: str, seed: int, workroot: str) -> dict:
          f'--epochs={args.epochs}', f'--max_seq_length={args.max_seq_length}',
          f'--mr_cache={args.mr_cache}', f'--workroot={workroot}', f'--result={result}',
          f'--smoke_sentences={args.smoke_sentences}']
-  subprocess.run(cmd, check=True)
+  harness.run(cmd, echo=True)
   return json.loads(fs.read_text(result))[0]
 
 

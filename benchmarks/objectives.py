@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
+from input_pipeline.pretraining import corpus
+from input_pipeline.pretraining import create_pretraining_data as cpd
+from input_pipeline.pretraining.instances import MaskingConfig
 
-from input_pipeline.pretraining import corpus  # noqa: E402
-from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
-from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
-
-VOCAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests', 'data',
-                     'bert_uncased_vocab.txt')
+VOCAB = os.path.join(harness.ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 
 
 def balance(stats: dict) -> str:
@@ -41,6 +38,7 @@ def main():
   tmp = tempfile.mkdtemp()
   text = os.path.join(tmp, 'corpus.txt')
   corpus.write_text_file(corpus.embedded_documents(), text)
+  print(harness.machine())
   print('| objective | seq | pack | instances | rows | padding | truncated | balance | seconds |')
   print('| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |')
   for seq, preds in ((128, 20), (512, 80)):

@@ -1,12 +1,16 @@
 r"""Training on packed 512-token rows against unpacked rows of the same real corpus.
 
   python benchmarks/data_creation.py      # writes ours_512 and ours_packed_512
-  python benchmarks/packed_throughput.py [--sizes tiny,mini] [--batch 8]
+  python benchmarks/packed_throughput.py [--sizes=tiny,mini] [--batch=8] [--steps=10]
+  python benchmarks/packed_throughput.py --sizes=tiny --steps=2   # smoke
 
-Real batches from the reader (seq 512, 80 predictions, batch 8 rows); the same train step
-(forward, backward, AdamW) on unpacked rows and on packed rows (K = 3, block-diagonal
-attention, positions restarting per instance); median over 10 batches after 3 warm-up.
-The figure of merit is non-padding tokens per second: the tokens that carry training signal.
+Real batches from the run's own reader (seq 512, 80 predictions, batch 8 rows); the configured
+run's train step (configs/benchmarks.py's recipe of each size at 512 tokens: adamw_bert, the
+default rules, float32, through the run setup of benchmarks/harness.py) on unpacked rows and
+on packed rows (`data.packed`: K = 3, block-diagonal attention, positions restarting per
+instance); median over `--steps` batches after 3 warm-up, each batch a new one already on the
+device. The figure of merit is non-padding tokens per second: the tokens that carry training
+signal.
 """
 
 from __future__ import annotations
@@ -14,42 +18,29 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import harness
+
+if __name__ == '__main__':
+  harness.tuned_malloc()
 
 import jax  # noqa: E402
 
-from bert_jax.training import optim, sharding as shd  # noqa: E402
-from bert_jax.pretrain import step as ts
-from bert_jax.model.encoder import BertConfig  # noqa: E402
-from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
+from bert_jax.training import sharding as shd  # noqa: E402
 
 
-def run(size: str, files: str, packed: bool, batch: int, steps: int = 10, warmup: int = 3):
-  cfg = BertConfig.from_preset(size, vocab_size=30522)
-  mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
-  schedule = optim.learning_rate_schedule('constant', 1e-4, 0, 1000)
-  tx = optim.make_optimizer('adamw', schedule)
-  shardings = ts.state_shardings(cfg, tx, mesh, shd.DEFAULT_RULES)
-  state = ts.create_train_state(cfg, tx, 0, shardings)
-  step = ts.jit_train_step(cfg, tx, schedule, shardings, mesh, shd.DEFAULT_RULES)
-  reader = data_lib.ReaderConfig(files=files, batch_size=batch, max_seq_length=512,
-                                 max_predictions_per_seq=80, packed=packed, seed=0)
-  it = data_lib.DataIterator(data_lib.make_dataset(reader, training=True))
-  batches = [next(it) for _ in range(warmup + steps)]
-  times, tokens = [], []
-  for i, b in enumerate(batches):
-    device_batch = shd.global_batch(b, mesh)
-    start = time.perf_counter()
-    state, metrics = step(state, device_batch)
-    jax.block_until_ready(metrics['loss'])
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
-      tokens.append(int(b['input_mask'].sum()))
-  seconds = statistics.median(times)
+def run(size: str, files: str, packed: bool, batch: int, steps: int = 10,
+        warmup: int = 3) -> dict:
+  config = harness.config('benchmarks', size, **{
+      'train.global_batch_size': batch, 'data.max_seq_length': 512,
+      'data.max_predictions_per_seq': 80, 'data.packed': packed})
+  setup = harness.configured_setup(config, devices=jax.devices()[:1])
+  batches = harness.reader(config, files)
+  host = [next(batches) for _ in range(warmup + steps)]
+  tokens = [int(b['input_mask'].sum()) for b in host[warmup:]]
+  timing = harness.time_train_steps(setup, [shd.global_batch(b, setup.mesh) for b in host],
+                                    steps=steps, warmup=warmup).timing
+  seconds = timing.median
   return {'step_s': seconds, 'tokens_per_s': statistics.mean(tokens) / seconds,
           'padding': 1 - statistics.mean(tokens) / (batch * 512)}
 
@@ -58,14 +49,16 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--sizes', default='tiny,mini')
   parser.add_argument('--batch', type=int, default=8)
+  parser.add_argument('--steps', type=int, default=10)
   parser.add_argument('--data', default='/tmp/bench_data_creation')
   args = parser.parse_args()
-  print('| size (batch 8 x 512) | unpacked: padding, step ms, real tokens/s | packed: padding, '
-        'step ms, real tokens/s | packed / unpacked |')
+  print(harness.machine())
+  print(f'| size (batch {args.batch} x 512) | unpacked: padding, step ms, real tokens/s | '
+        'packed: padding, step ms, real tokens/s | packed / unpacked |')
   print('| --- | --- | --- | ---: |')
   for size in args.sizes.split(','):
-    plain = run(size, os.path.join(args.data, 'ours_512'), False, args.batch)
-    packed = run(size, os.path.join(args.data, 'ours_packed_512'), True, args.batch)
+    plain = run(size, os.path.join(args.data, 'ours_512'), False, args.batch, args.steps)
+    packed = run(size, os.path.join(args.data, 'ours_packed_512'), True, args.batch, args.steps)
     print(f'| {size} | {plain["padding"]:.1%}, {plain["step_s"] * 1e3:.0f}, '
           f'{plain["tokens_per_s"]:,.0f} | {packed["padding"]:.1%}, {packed["step_s"] * 1e3:.0f}, '
           f'{packed["tokens_per_s"]:,.0f} | '

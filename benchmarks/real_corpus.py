@@ -23,13 +23,10 @@ import glob
 import os
 import random
 import re
-import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from input_pipeline.pretraining.corpus import split_sentences, write_text_file  # noqa: E402
+import harness
+from input_pipeline.pretraining.corpus import split_sentences, write_text_file
 
 _VERSE = re.compile(r'^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$')
 _ROLE = re.compile(r':[a-z:]+:`~?!?([^`<]*?)(?:\s*<[^>]*>)?`')
@@ -39,8 +36,7 @@ _UNDERLINE = re.compile(r'^([=\-~^"*+#.`:\'])\1{2,}\s*$')
 
 
 def kjv_documents():
-  out = subprocess.run(['bible', '-f', 'Gen1:1-Rev22:21'], capture_output=True, text=True,
-                       check=True).stdout
+  out = harness.run(['bible', '-f', 'Gen1:1-Rev22:21']).stdout
   docs, current, key = [], [], None
   for line in out.splitlines():
     m = _VERSE.match(line.strip())
@@ -84,10 +80,9 @@ def rst_prose_paragraphs(source: str) -> list[str]:
 
 
 def python_doc_documents(workdir: str):
-  subprocess.run(['apt-get', 'download', 'python3.11-doc'], cwd=workdir, check=True,
-                 capture_output=True)
+  harness.run(['apt-get', 'download', 'python3.11-doc'], cwd=workdir)
   deb = glob.glob(os.path.join(workdir, 'python3.11-doc_*.deb'))[0]
-  subprocess.run(['dpkg', '-x', deb, os.path.join(workdir, 'x')], check=True)
+  harness.run(['dpkg', '-x', deb, os.path.join(workdir, 'x')])
   docs = []
   for path in sorted(glob.glob(os.path.join(workdir, 'x', '**', '*.rst.txt'), recursive=True)):
     with open(path, encoding='utf-8') as f:

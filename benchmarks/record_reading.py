@@ -2,6 +2,7 @@ r"""Raw TFRecord reading: ours (byte-range chunks through input_pipeline/fs.py) 
 `tf.data.TFRecordDataset`, locally and on gs:// (a GCS server on localhost), in one run.
 
   python benchmarks/record_reading.py [--rounds 3] [--seconds 4]
+  python benchmarks/record_reading.py --rounds=1 --seconds=0.5   # smoke
 
 Writes 128-token records of the embedded corpus (dupe factor 4) once to /tmp/bench_records,
 copies them to a local fake-gcs-server, then alternates the readers for --rounds rounds and
@@ -16,22 +17,21 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
+import harness
+
+sys.path.insert(0, os.path.join(harness.ROOT, 'tests'))  # the fake GCS server of the tests
 
 import tensorflow as tf  # noqa: E402
 
 import gcs_server  # noqa: E402
+from input_pipeline import fs  # noqa: E402
 from input_pipeline.pretraining import corpus  # noqa: E402
-from input_pipeline import fs
 from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
 from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
 from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
 
-VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
+VOCAB = os.path.join(harness.ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 DATA = '/tmp/bench_records'
 
 
@@ -67,20 +67,18 @@ def rate(ds: tf.data.Dataset, seconds: float) -> tuple[float, float]:
   """(records/s, MB/s) of a dataset of serialized records, or (rows/s, 0) of parsed batches."""
   it = iter((ds if isinstance(ds.element_spec, dict) else ds.batch(256)).prefetch(
       tf.data.AUTOTUNE))
-  for _ in range(5):
-    next(it)
-  records = nbytes = 0
-  start = time.perf_counter()
-  while time.perf_counter() - start < seconds:
+
+  def one(_):  # (records, bytes) of the next batch
     batch = next(it)
     if isinstance(batch, dict):
-      records += len(batch['input_ids'])
-    else:
-      batch = batch.numpy()
-      records += len(batch)
-      nbytes += sum(map(len, batch))
-  elapsed = time.perf_counter() - start
-  return records / elapsed, nbytes / elapsed / 1e6
+      return len(batch['input_ids']), 0
+    batch = batch.numpy()
+    return len(batch), sum(map(len, batch))
+
+  timing = harness.timed(one, seconds=seconds, warmup=5, sync=lambda r: r)
+  elapsed = sum(timing.values)
+  return (sum(r for r, _ in timing.results) / elapsed,
+          sum(b for _, b in timing.results) / elapsed / 1e6)
 
 
 def main():
@@ -102,10 +100,10 @@ def main():
             'ours, gs:// (fake-gcs-server on localhost)': lambda: ours(remote),
             'TensorFlow + shuffle, parse, batch 32, local': lambda: parsed(theirs(local)),
             'ours + shuffle, parse, batch 32, local': lambda: parsed(ours(local))}
-    results = {name: [] for name in runs}
-    for _ in range(args.rounds):
-      for name, make in runs.items():
-        results[name].append(rate(make(), args.seconds))
+    results = harness.interleave(
+        {name: (lambda make=make: rate(make(), args.seconds)) for name, make in runs.items()},
+        args.rounds)
+  print(harness.machine())
   print(f'{len(local)} files, {total:.1f} MB; median of {args.rounds} interleaved rounds of '
         f'{args.seconds:g} s\n')
   print('| reader | records/s | MB/s | vs TensorFlow, same stages |')

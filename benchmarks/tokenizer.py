@@ -2,6 +2,7 @@ r"""Tokenizer throughput (tokens/s, one core) on the real corpus, against the re
 
   python benchmarks/real_corpus.py && python benchmarks/data_creation.py   # corpus, reference
   python benchmarks/tokenizer.py [--lines 50000]
+  python benchmarks/tokenizer.py --corpus=CORPUS.txt --lines=500   # smoke (any text file)
 
 Compares, on the same lines and pinned to one core: google-research/bert's `FullTokenizer`
 (pure Python, the one its create_pretraining_data.py uses), transformers' `BertTokenizerFast`,
@@ -15,19 +16,16 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
+import harness
+
+VOCAB = os.path.join(harness.ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 
 
 def rate(name, fn, lines, repeats=3):
-  best, tokens = float('inf'), 0
-  for _ in range(repeats):
-    start = time.perf_counter()
-    tokens = fn(lines)
-    best = min(best, time.perf_counter() - start)
+  """Tokens/s of `fn(lines)` (which returns the token count), the best of `repeats` calls."""
+  timing = harness.timed(lambda _: fn(lines), steps=repeats, warmup=0, sync=lambda n: n)
+  best, tokens = timing.lo, timing.results[-1]
   print(f'| {name} | {tokens:,} | {best:.2f} | {tokens / best:,.0f} |', flush=True)
   return tokens / best
 
@@ -48,6 +46,7 @@ def main():
   from bert import tokenization  # pylint: disable=g-import-not-at-top
   from transformers import BertTokenizerFast  # pylint: disable=g-import-not-at-top
 
+  print(harness.machine())
   print(f'{len(lines):,} lines, {sum(len(l.split()) for l in lines):,} words, one core\n')
   print('| tokenizer | tokens | seconds (best of 3) | tokens/s |')
   print('| --- | ---: | ---: | ---: |')
