@@ -40,11 +40,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import logging  # noqa: E402
 
-from bert_jax import demo, export  # noqa: E402
-from bert_jax.pretrain import run as train
+from bert_jax.pretrain import baselines, run as train  # noqa: E402
 from bert_jax.training.metric_writer import read_metrics  # noqa: E402
-from configs import bert_tiny  # noqa: E402
-from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
+from configs import bert_tiny, demo as demo_recipes  # noqa: E402
+from input_pipeline.pretraining import create_pretraining_data as cpd, demo_corpus  # noqa: E402
 
 # objective@masking_rate[:seed]; the second seed of nsp@0.15 measures the noise.
 VARIANTS = 'nsp@0.15,sop@0.15,none@0.15,nsp@0.30,nsp@0.15:1,none@0.30'
@@ -57,7 +56,8 @@ def records(paths: dict, data: str, split: str, objective: str, rate: float) -> 
     return paths[split] + ('*' if split == 'train' else '')
   out = os.path.join(data, f'{split}_{objective}_{rate:.2f}.tfrecord')
   if not os.path.exists(out + '.stats.json'):
-    cpd.run(demo.records_job(paths, split, out, FLAGS.dupe_factor, objective, rate))
+    cpd.run(demo_corpus.records_job(paths, split, out, demo_recipes.data(), FLAGS.dupe_factor,
+                                    objective, rate))
   return out + ('*' if split == 'train' else '')
 
 
@@ -78,7 +78,14 @@ def evaluate(config, run_dir: str, files: str, objective: str) -> dict:
   c.data.eval_files, c.data.sentence_objective = files, objective
   c.data.max_predictions_per_seq = 20
   c.train.eval_steps = 1_000_000
-  return export.evaluate_workdir(c, run_dir)
+  return train.evaluate_workdir(c, run_dir)
+
+
+def majority_token(eval_files: str, objective: str) -> float:
+  """The most frequent masked token's share of unpacked 0.15 eval records."""
+  config = demo_recipes.pretraining(eval_files=eval_files, pack=False,
+                                    sentence_objective=objective)
+  return baselines.eval_baselines(config)['mlm']
 
 
 def run_variant(paths: dict, workdir: str, objective: str, rate: float, seed: int) -> dict:
@@ -96,7 +103,7 @@ def run_variant(paths: dict, workdir: str, objective: str, rate: float, seed: in
   config.data.eval_files = ''  # evaluated after training, on 0.15 records (see `evaluate`)
   config.data.vocab_file = paths['vocab']
   config.data.sentence_objective = objective
-  config.data.max_predictions_per_seq = demo.max_predictions(rate)
+  config.data.max_predictions_per_seq = demo_recipes.max_predictions(rate)
   if FLAGS.steps:
     config.train.num_steps = FLAGS.steps
   run_dir = os.path.join(workdir, 'runs', name.replace(' ', '_'))
@@ -120,8 +127,8 @@ def run_variant(paths: dict, workdir: str, objective: str, rate: float, seed: in
       'own_mlm_accuracy': own['mlm_accuracy'], 'own_mlm_loss': own['mlm_loss'],
       'sentence_accuracy': own.get(f'{objective}_accuracy'),
       'sentence_majority': None if ones is None else max(ones, 1 - ones),
-      'baseline': demo.majority_baseline(paths['eval']),
-      'own_baseline': demo.majority_baseline(own_files, objective),
+      'baseline': majority_token(paths['eval'], 'nsp'),
+      'own_baseline': majority_token(own_files, objective),
       'tokens_seen': tokens_seen(run_dir), 'minutes': round(minutes, 2)}
   os.makedirs(os.path.dirname(result_file), exist_ok=True)
   with open(result_file, 'w') as f:
@@ -149,7 +156,7 @@ def table(results: list[dict]) -> str:
 def main():
   logging.set_verbosity(logging.WARNING)
   workdir = os.path.abspath(FLAGS.workdir)
-  paths = demo.prepare_data(workdir, FLAGS.dupe_factor)
+  paths = demo_corpus.prepare_data(workdir, demo_recipes.data(), FLAGS.dupe_factor)
   runs = []
   for variant in FLAGS.variants.split(','):
     objective, rest = variant.split('@')

@@ -7,7 +7,7 @@ some parts are replaced by transformers' own fresh initialisation (normal 0.02, 
 LayerNorm 1/0, the scheme pre-training starts from): `pooler_fresh` (the NSP-trained pooler
 only), `embeddings_only` (encoder layers and pooler fresh), `encoder_only` (embeddings
 fresh) and `all_fresh` (nothing pre-trained: the random arm). Each is fine-tuned on MR with
-the recipe of benchmarks/pretraining_pays.py (`demo.finetune_mr`: 64 tokens, batch 32, lr
+the recipe of benchmarks/pretraining_pays.py (`harness.demo_mr`: 64 tokens, batch 32, lr
 1e-4, 3 epochs, test accuracy at the best dev epoch), seeds 0..N-1. The table says whether the
 pooler, the embeddings or the encoder layers carry what helps (or what hurts). Results go to
 `<output_dir>/pretraining_parts.json`; finished arms are reused.
@@ -22,7 +22,7 @@ import time
 
 from absl import app, flags, logging
 
-from bert_jax import demo
+from benchmarks import harness
 from input_pipeline import fs
 
 FLAGS = flags.FLAGS
@@ -66,7 +66,7 @@ def main(argv):
   for arm, parts in ARMS.items():
     start = time.time()
     init = export if not parts else write_variant(export, parts, fs.join(workdir, arm, 'init'))
-    results[arm] = demo.finetune_mr(init, fs.join(workdir, arm, 'mr'), FLAGS.seeds)
+    results[arm] = harness.demo_mr(init, fs.join(workdir, arm, 'mr'), FLAGS.seeds)
     results[arm]['minutes'] = round((time.time() - start) / 60, 2)
     print(f'[parts] {arm} (fresh: {", ".join(parts) or "none"}): MR test accuracy '
           f'{results[arm]["values"]}', flush=True)

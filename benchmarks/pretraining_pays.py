@@ -4,7 +4,7 @@ fine-tuned on MR with the same recipe and seeds.
   bash scripts/demo.sh                                   # pre-trains runs/demo/train
   .venv/bin/python -m benchmarks.pretraining_pays --init=runs/demo/train [--seeds=3]
 
-Both arms run bert_jax.finetune.run (configs/finetune.py:mr) through `demo.mr_config`: the
+Both arms run bert_jax.finetune.run with configs/demo.py:mr (`harness.demo_mr`): the
 80/10/10 split of input_pipeline/tasks/mr.py, 64 tokens, batch 32, AdamW lr 1e-4 with 10% warmup
 and linear decay (the reference's optimizer and schedule, configs/finetune.py), 3 epochs, test
 accuracy at the best dev epoch. `--init` is the pre-trained
@@ -31,7 +31,6 @@ import time
 
 from absl import app, flags, logging
 
-from bert_jax import demo
 from input_pipeline import fs
 
 FLAGS = flags.FLAGS
@@ -57,6 +56,7 @@ def compare(pretrained: dict, random_init: dict) -> dict:
 
 
 def main(argv):
+  from benchmarks import harness  # pylint: disable=g-import-not-at-top
   del argv
   logging.set_verbosity(logging.WARNING)
   init = fs.absolute(FLAGS.init)
@@ -69,7 +69,7 @@ def main(argv):
   for name, point in (('pretrained', init), ('random_init', f'random:{init}')):
     print(f'[pays] {name}: fine-tuning {point} on MR, {FLAGS.seeds} seeds', flush=True)
     t = time.time()
-    arms[name] = demo.finetune_mr(point, fs.join(workdir, name), FLAGS.seeds, **lr)
+    arms[name] = harness.demo_mr(point, fs.join(workdir, name), FLAGS.seeds, **lr)
     arms[name]['minutes'] = round((time.time() - t) / 60, 2)
   result = {'init': init, 'seeds': FLAGS.seeds, 'learning_rate': FLAGS.finetune_lr, **arms,
             **compare(arms['pretrained'], arms['random_init']),

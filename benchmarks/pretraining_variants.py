@@ -12,7 +12,7 @@ The search for a pre-training that pays on MR within the demo's budget, one vari
   overrides   dotted configs/bert_tiny.py fields, e.g. {"train.num_steps": 4800}
   ft          dotted fine-tuning fields for both arms, e.g. {"optimizer.learning_rate": 3e-4}
   random      false: skip the random arm (when an earlier variant has the same vocabulary)
-The recipe is the demo's (`demo.pretraining_config`; since the evening of 2026-11-22 with the
+The recipe is the demo's (configs/demo.py:pretraining; since the evening of 2026-11-22 with the
 poly_warmup schedule: RESULTS rows measured before it pass {"optimizer.schedule": "bert",
 "optimizer.warmup_proportion": 0} to repeat). `--data_from=<dir>` copies another variant's (or
 a demo workdir's) data/ instead of writing it: same records, so only the training changes. Prints the held-out MLM accuracy next to the
@@ -32,7 +32,11 @@ import time
 
 from absl import app, flags, logging
 
-from bert_jax import demo
+from benchmarks import harness
+from bert_jax.convert import fill_mask
+from bert_jax.pretrain import baselines
+from input_pipeline.pretraining import demo_corpus
+from configs import demo as demo_recipes
 from input_pipeline import fs
 
 FLAGS = flags.FLAGS
@@ -78,23 +82,24 @@ def main(argv):
     copy_data(fs.absolute(FLAGS.data_from), work)
   objective, rate = opts.get('objective', 'nsp'), opts.get('mlm_prob', 0.15)
   corpus = 'mixed' if opts.get('docstrings', True) else 'in_domain'
-  paths = demo.prepare_data(work, opts.get('dupe', 5), corpus, pack=True,
-                            sentence_objective=objective, masked_lm_prob=rate)
-  config = common.override(demo.pretraining_config(paths, True, objective, rate),
+  paths = demo_corpus.prepare_data(work, demo_recipes.data(), opts.get('dupe', 5), corpus,
+                                   pack=True, sentence_objective=objective,
+                                   masked_lm_prob=rate)
+  config = common.override(demo_recipes.pretraining(paths['train'] + '*', paths['eval'],
+                                                    paths['vocab'], True, objective, rate),
                            opts.get('overrides', {}))
   run_dir = fs.join(work, 'train')
   result = train.train_and_evaluate(config, run_dir)
-  base = demo.eval_baselines(paths['eval'], objective, packed=True,
-                             max_predictions_per_seq=config.data.max_predictions_per_seq)
+  base = baselines.eval_baselines(config)
   print(f'[variant] {FLAGS.name}: held-out MLM accuracy {result["eval"]["mlm_accuracy"]:.4f} '
         f'vs majority token {base["mlm"]:.4f} after {result["step"]} steps '
         f'({(time.time() - start) / 60:.1f} min)', flush=True)
   export_dir = export_workdir(run_dir, fs.join(work, 'hf_export'), config=config)
-  print(f'[variant] fill-mask: {demo.fill_mask_example(export_dir)}', flush=True)
+  print(f'[variant] fill-mask: {fill_mask.fill_mask_example(export_dir)}', flush=True)
   arms = {'pretrained': run_dir, **({'random_init': f'random:{run_dir}'}
                                     if opts.get('random', True) else {})}
   for arm, init in arms.items():
-    r = demo.finetune_mr(init, fs.join(work, 'mr', arm), 1, **opts.get('ft', {}))
+    r = harness.demo_mr(init, fs.join(work, 'mr', arm), 1, **opts.get('ft', {}))
     print(f'[variant] {FLAGS.name} {arm}: MR test accuracy {r["median"]:.4f} '
           f'({(time.time() - start) / 60:.1f} min)', flush=True)
 

@@ -1,19 +1,26 @@
 """Fast checks of the demo's pieces: the random-init start point its MR comparison uses, the
-loss-curve smoothing, the eval baselines it prints, and the opinion-snippet corpus reader."""
+loss-curve smoothing, the eval baselines it prints, the opinion-snippet corpus reader, its
+recipes (configs/demo.py), the fill-mask load and the line on its pre-training budget."""
 
 import json
+import os
 
 import jax
 import numpy as np
 import pytest
+import transformers
 
-from bert_jax import demo, start_points
-from input_pipeline import corpus, create_pretraining_data as cpd, mr
-from input_pipeline.instances import MaskingConfig
+from bert_jax import demo
+from bert_jax.convert import fill_mask, start_points
+from bert_jax.pretrain import baselines
+from configs import demo as demo_recipes, finetune as finetune_configs
+from input_pipeline.pretraining import corpus, create_pretraining_data as cpd
+from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.tasks import mr
 from input_pipeline.tokenizer import WordPieceTokenizer
 import hf_reference
 from test_tasks import _tar_gz
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
 
 TINY = BertConfig.from_preset('tiny', vocab_size=100)
 
@@ -72,7 +79,7 @@ def test_randomized_is_a_function_of_the_key(hf_dir):
 
 
 def test_random_start_point_gets_a_task_head(hf_dir):
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
   start = start_points.load_start_point(f'random:{hf_dir}')
   head, params = start_points.init_head_params(start, heads.Head('sequence_classification', 2),
                                                rng=jax.random.key(0))
@@ -106,15 +113,21 @@ def _records(tmp_path, pack):
   out = str(tmp_path / f'eval_{pack}.tfrecord')
   stats = cpd.run(cpd.Job(output_file=out, vocab_file=str(vocab_file), input_file=str(text),
                           masking=MaskingConfig(max_seq_length=32, max_predictions_per_seq=5),
-                          dupe_factor=1, pack=pack, max_instances_per_row=demo.PACK_K))
+                          dupe_factor=1, pack=pack, max_instances_per_row=demo_recipes.PACK_K))
   return out, stats
+
+
+def eval_config(files, pack):
+  """The demo's pre-training config reading `_records`' 32-token eval records."""
+  config = demo_recipes.pretraining(eval_files=files, pack=pack)
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 32, 5
+  return config
 
 
 @pytest.mark.parametrize('pack', [False, True])
 def test_eval_baselines_count_real_instances_only(tmp_path, pack):
   files, stats = _records(tmp_path, pack)
-  base = demo.eval_baselines(files, packed=pack, max_seq_length=32,
-                             max_predictions_per_seq=5)
+  base = baselines.eval_baselines(eval_config(files, pack))
   random_next = stats['nsp_random_next_fraction']
   assert random_next > 0.55  # short documents: most pairs take a random next
   assert base['sentence'] == pytest.approx(max(random_next, 1 - random_next), abs=1e-4)
@@ -122,7 +135,7 @@ def test_eval_baselines_count_real_instances_only(tmp_path, pack):
   if pack:
     assert stats['rows'] < stats['instances']
     unpacked, _ = _records(tmp_path, False)
-    again = demo.eval_baselines(unpacked, max_seq_length=32, max_predictions_per_seq=5)
+    again = baselines.eval_baselines(eval_config(unpacked, False))
     assert again['sentence'] == pytest.approx(base['sentence'], abs=0.1)
 
 
@@ -148,9 +161,64 @@ def test_opinion_documents_group_by_id_and_never_read_movie_reviews(tmp_path):
 
 def test_mr_config_is_the_benchmark_recipe():
   c = demo.mr_config('random:somewhere', 3, **{'optimizer.learning_rate': 3e-4})
+  default = finetune_configs.get_config('mr')
   assert (c.task, c.init, c.seeds, c.export) == ('mr', 'random:somewhere', 3, False)
-  assert (c.data.max_seq_length, c.train.batch_size, c.train.num_epochs) == (64, 32, 3)
+  assert c.data.max_seq_length == 64 and c.data.max_train_examples == 0
+  assert c.train.to_dict() == {**default.train.to_dict(), 'num_epochs': 3}  # batch 32
   assert c.optimizer.learning_rate == 3e-4 and c.optimizer.warmup_proportion == 0.1
+
+
+def test_minilm_arm_is_the_same_command_on_a_smaller_budget():
+  """The third arm differs from the other two in learning rate, epochs and data cut only."""
+  mr_arm, minilm = demo_recipes.mr('x'), demo.mr_config('x', 1, 'mr_minilm')
+  full = demo_recipes.get_config('mr_minilm_full')
+  assert (minilm.optimizer.learning_rate, minilm.train.num_epochs,
+          minilm.data.max_train_examples) == (5e-5, 1, 4000)
+  assert (full.train.num_epochs, full.data.max_train_examples) == (2, 0)
+  for c in (minilm, full):
+    for block in ('model', 'data', 'optimizer', 'train'):
+      a, b = c[block].to_dict(), mr_arm[block].to_dict()
+      assert {k for k in a if a[k] != b[k]} <= {'learning_rate', 'num_epochs',
+                                                  'max_train_examples'}, block
+  assert demo.recipe_line(minilm) == (
+      '64 tokens, lr 5e-5, 1 epoch of the first 4,000 training sentences')
+  with pytest.raises(ValueError, match='configs/demo.py:nope: unknown recipe'):
+    demo_recipes.get_config('nope')
+
+
+def test_minilm_path_is_a_start_point_directory():
+  path = demo.minilm_path()
+  assert isinstance(path, str)  # config.init takes a str, not the package's pathlib.Path
+  assert os.path.exists(os.path.join(path, 'modules.json'))  # a sentence-transformers dir
+  assert start_points.detect_kind(path) == start_points.HF_DIR
+
+
+def test_not_there_yet_counts_the_runs_token_positions():
+  config = demo_recipes.pretraining()
+  line = demo.not_there_yet(config, 2500)
+  assert '\n' not in line
+  assert '2,500 steps x 32 rows x 128 tokens = 1.0e+07 token positions' in line
+  # configs/bert_base.py: 900k steps x 256 x 128 + 100k x 256 x 512
+  assert "BERT's recipe (configs/bert_base.py) 4.3e+10 (4,160x more)" in line
+  assert '2.0e+07 (4,800 steps) still fine-tuned below random init' in line
+
+
+def test_fill_mask_loads_the_export_quietly_and_checks_what_it_left_out(hf_dir, tmp_path,
+                                                                         capfd):
+  """A BertForPreTraining export loads as BertForMaskedLM without transformers' load report;
+  only the pooler and NSP head are left out, and a directory missing the MLM head is refused."""
+  _, left_out = fill_mask.masked_lm_model(hf_dir)
+  assert left_out == ['bert.pooler.dense.bias', 'bert.pooler.dense.weight',
+                      'cls.seq_relationship.bias', 'cls.seq_relationship.weight']
+  text, top = fill_mask.fill_mask_example(hf_dir)
+  assert '[MASK]' in text and len(top) == 5
+  out, err = capfd.readouterr()
+  assert 'LOAD REPORT' not in out + err and 'UNEXPECTED' not in out + err
+  bare = str(tmp_path / 'encoder_only')
+  transformers.BertModel(hf_reference.torch_model(TINY).config).save_pretrained(bare)
+  with pytest.raises(ValueError, match=r'encoder_only: not a BertForPreTraining export.*'
+                                       r'missing.*cls\.predictions'):
+    fill_mask.masked_lm_model(bare)
 
 
 def test_pretraining_pays_verdict():

@@ -582,6 +582,24 @@ def run(config, workdir: str) -> dict:
   return results
 
 
+def run_or_reuse(config, workdir: str) -> dict:
+  """`run`, or the results of a complete earlier run of the same seeds in `workdir` (the demo
+  and the benchmarks re-run their commands to continue where they stopped)."""
+  results_file = fs.join(fs.absolute(workdir), 'results.json')
+  if fs.exists(results_file):
+    results = json.loads(fs.read_text(results_file))
+    if results.get('complete') and results.get('seeds') == seed_list(config.seeds, config.seed):
+      return results
+  return run(config, workdir)
+
+
+def split_headline(results: dict, split: str) -> dict:
+  """{median, min, max, values, majority} of a labelled split's headline over the seeds, with
+  its baseline (the majority class for classification)."""
+  scores = results['splits'][split]
+  return {**scores['summary']['headline'], 'majority': scores['baseline']['headline']}
+
+
 def build_task(config, start, records=None):
   """The task's arrays for this start point; `records` (read_task's) when already read."""
   records = records if records is not None else finetune_tasks.read_task(config)
