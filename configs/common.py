@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.size = 'base'  # tiny | mini | small | medium | base | large (encoder.PRESETS)
   c.model.vocab_size = 30522  # must equal the tokenizer's
   c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
+  c.model.num_layers = 0  # 0: the size's depth; N: the size's width with N layers
 
   c.data = ml_collections.ConfigDict()
   c.data.train_files = ''  # comma-separated globs of TFRecords (create_pretraining_data)

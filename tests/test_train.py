@@ -256,6 +256,18 @@ def test_every_config_builds(name, phases):
           base.optimizer.warmup_steps, base.optimizer.weight_decay) == (256, 1e-4, 900_000, 10_000, 0.01)
 
 
+def test_model_num_layers_changes_only_the_depth():
+  """`model.num_layers` (0 = the size's) keeps the size's width: compile-time and ablation
+  sweeps over depth; a config.json written before the field existed reads as the size's."""
+  config = bert_tiny.get_config()
+  assert run_setup.model_config(config).num_layers == 2
+  config.model.num_layers = 5
+  deep = run_setup.model_config(config)
+  assert (deep.num_layers, deep.hidden_size, deep.num_heads) == (5, 128, 2)
+  del config.model['num_layers']
+  assert run_setup.model_config(config).num_layers == 2
+
+
 
 @pytest.mark.parametrize('objective', ['nsp', 'sop', 'none'])
 def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, objective):

@@ -23,12 +23,15 @@ from bert_jax.training.state import TrainState
 
 
 def model_config(config) -> BertConfig:
-  """The encoder of a pre-training config (`config.model`)."""
+  """The encoder of a pre-training config (`config.model`); `model.num_layers` > 0 changes the
+  size's depth (configs written before it existed have none: the size's)."""
   m = config.model
+  depth = {'num_layers': m.num_layers} if m.get('num_layers', 0) > 0 else {}
   return BertConfig.from_preset(
       m.size, vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
       attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
-      scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+      scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl,
+      **depth)
 
 
 def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:
