@@ -85,15 +85,13 @@ def _finetuning_setup(config, devices, num_labels: int | None):
   compiled step: 1,000 steps)."""
   # pylint: disable=g-import-not-at-top
   from bert_jax.convert import loaders
-  from bert_jax.finetune import run as finetune_run, step as finetune_step, tasks
-  from bert_jax.training import setup as run_setup
+  from bert_jax.finetune import run as finetune_run, tasks
   if not config.init:
     raise ValueError('a fine-tuning config needs --config.init=<start point> (its config.json '
                      'or bert_config.json is read for the model shapes, not its weights)')
   cfg = loaders.model_config_of(config.init).replace(**finetune_run.model_overrides(config))
   kind, head = tasks.head_without_data(config, num_labels)
-  objective = finetune_step.objective(cfg, head, kind, config.data.max_seq_length)
-  return run_setup.build(config, objective, 1000, devices)
+  return finetune_run.setup_for(config, cfg, head, kind, 1000, devices)
 
 
 FLAGS = flags.FLAGS

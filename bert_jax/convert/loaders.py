@@ -146,11 +146,7 @@ def load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
     raise ValueError(f'{path}: step={step} applies to training workdirs only')
   prefix = google_tf.checkpoint_prefix(path)
   directory = fs.dirname(prefix)
-  config_file = fs.join(directory, 'bert_config.json')
-  if not fs.exists(config_file):
-    raise hf.CheckpointError(f'{directory}: no bert_config.json next to the TF checkpoint; '
-                             'copy the one released with it')
-  cfg = google_tf.tf_config(config_file)
+  cfg = _tf_checkpoint_config(prefix)
   if overrides:
     cfg = cfg.replace(**overrides)
   state, task_heads = google_tf.read_tf_checkpoint(prefix, cfg)
@@ -166,6 +162,16 @@ def load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   return StartPoint(TF_CHECKPOINT, path, cfg, params, tok, lower, None, head, head_params)
 
 
+def _tf_checkpoint_config(prefix: str) -> BertConfig:
+  """The bert_config.json released next to a TF checkpoint."""
+  directory = fs.dirname(prefix)
+  config_file = fs.join(directory, 'bert_config.json')
+  if not fs.exists(config_file):
+    raise hf.CheckpointError(f'{directory}: no bert_config.json next to the TF checkpoint; '
+                             'copy the one released with it')
+  return google_tf.tf_config(config_file)
+
+
 LOADERS = {WORKDIR: load_workdir, HF_DIR: load_hf, TF_CHECKPOINT: load_tf}
 
 
@@ -178,5 +184,4 @@ def model_config_of(path: str) -> BertConfig:
     return model_config(workdir.load_run_config(path))
   if kind == HF_DIR:
     return hf.load_config(_sentence_transformers_dir(path) or path)
-  return google_tf.tf_config(fs.join(fs.dirname(google_tf.checkpoint_prefix(path)),
-                                     'bert_config.json'))
+  return _tf_checkpoint_config(google_tf.checkpoint_prefix(path))

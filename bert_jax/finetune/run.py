@@ -231,15 +231,18 @@ def best_epoch_index(history: list[dict], split: str) -> int | None:
 _SETUPS: collections.OrderedDict = collections.OrderedDict()
 
 
-def setup_for(config, start_cfg, head, kind: str, total_steps: int) -> run_setup.RunSetup:
-  """The run setup (bert_jax/training/setup.py) of a task's objective, one per distinct
-  (model, head, optimizer, run length, mesh) in this process: seeds, a resumed call and
-  repeated runs in one process (a notebook, the tests, the demo's arms) compile once."""
+def setup_for(config, start_cfg, head, kind: str, total_steps: int,
+              devices=None) -> run_setup.RunSetup:
+  """The run setup (bert_jax/training/setup.py) of a task's objective over `devices` (default
+  all; AOT passes a TPU topology's), one per distinct (model, head, optimizer, run length,
+  mesh) in this process: seeds, a resumed call and repeated runs in one process (a notebook,
+  the tests, the demo's arms) compile once."""
   key = (start_cfg, head, kind, config.optimizer.to_json(), total_steps, tuple(config.mesh),
-         repr(config.sharding_rules), config.data.max_seq_length)
+         repr(config.sharding_rules), config.data.max_seq_length,
+         None if devices is None else tuple(devices))
   if key not in _SETUPS:
     objective = fst.objective(start_cfg, head, kind, config.data.max_seq_length)
-    _SETUPS[key] = run_setup.build(config, objective, total_steps)
+    _SETUPS[key] = run_setup.build(config, objective, total_steps, devices)
     while len(_SETUPS) > 4:
       _SETUPS.popitem(last=False)
   _SETUPS.move_to_end(key)
