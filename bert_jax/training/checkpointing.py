@@ -140,12 +140,6 @@ def leaf_differences(saved_tree, wanted_tree, shown: int = 3,
   return f'{len(diff)} leaves differ, e.g. {examples}'
 
 
-def abstract_like(shardings, shapes) -> Any:
-  """ShapeDtypeStructs with target shardings: what `restore` reshards onto."""
-  return jax.tree_util.tree_map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
-
-
 def restore_params(workdir: str, step: int | None = None) -> tuple[int, Any]:
   """(step, params as host numpy) from a workdir's latest (or given) step: for phase-2 init
   and export, whatever optimizer or mesh wrote it."""
