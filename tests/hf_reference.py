@@ -20,7 +20,7 @@ def randomize(model):
   """Every weight of an HF model random, LayerNorm scales near 1 (under the current seed)."""
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if 'LayerNorm.weight' in name:
+      if 'LayerNorm.weight' in name or name.endswith('norm.weight'):  # BERT's, ModernBERT's
         p.copy_(1.0 + 0.1 * torch.randn_like(p))
       else:
         p.copy_(0.05 * torch.randn_like(p))

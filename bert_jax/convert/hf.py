@@ -1,4 +1,5 @@
-"""Flax parameters <-> HuggingFace `BertForPreTraining` directories.
+"""Flax parameters <-> HuggingFace `BertForPreTraining` directories (and, through
+hf_modern.py, `ModernBertForMaskedLM` ones: `model_type` or `cfg.arch` picks).
 
 `save_pretrained` writes `config.json` + `model.safetensors` (+ tokenizer files) with numpy
 only, so exporting needs no torch. `load_pretrained` reads safetensors (single or sharded)
@@ -20,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from bert_jax.convert import hf_modern
 from bert_jax.model.encoder import BertConfig, init_params
 from input_pipeline import fs
 
@@ -32,8 +34,8 @@ HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
                'nsp': ('nsp',), 'pooler': ('pooler',)}
 
 
-class CheckpointError(ValueError):
-  """A directory that is not a loadable BERT checkpoint; the message says why and what to do."""
+# A directory that is not a loadable BERT or ModernBERT checkpoint (one type for both).
+CheckpointError = hf_modern.CheckpointError
 
 
 # ----------------------------------------------------------------------------- configs
@@ -64,10 +66,13 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
 
 def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
   model_type = hf.get('model_type')
+  if model_type == hf_modern.MODEL_TYPE:
+    return hf_modern.config_from_hf(hf, source)
   if model_type != 'bert':
     arch = ', '.join(hf.get('architectures') or []) or 'unknown architecture'
     raise CheckpointError(f'{source}: model_type is {model_type!r} ({arch}), not BERT; '
-                          'only BERT checkpoints (model_type "bert") can be loaded')
+                          'only BERT and ModernBERT checkpoints (model_type "bert" or '
+                          '"modernbert") can be loaded')
   act = hf.get('hidden_act', 'gelu')
   if act not in _ACT_FROM_HF:
     raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
@@ -192,7 +197,10 @@ def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
 
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
-  """Our parameter tree -> HF BertForPreTraining state dict (float32 numpy, no tied copies)."""
+  """Our parameter tree -> HF BertForPreTraining (or ModernBertForMaskedLM) state dict
+  (float32 numpy, no tied copies)."""
+  if cfg.arch == 'modern':
+    return hf_modern.params_to_hf(params, cfg)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
   return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
 
@@ -209,8 +217,10 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
 
   Accepts `bert.`-prefixed or bare keys and legacy `gamma`/`beta`. Encoder weights must all be
   present; missing heads (BertModel, sentence-transformers) are freshly initialised from `rng`
-  with a warning that names them.
+  with a warning that names them. ModernBERT configs go to hf_modern.params_from_hf.
   """
+  if cfg.arch == 'modern':
+    return hf_modern.params_from_hf(state, cfg, source)
   state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_hf_shapes(cfg)
   for key, shape in expected.items():
@@ -361,8 +371,9 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
 
 def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  hf_config = hf_modern.config_to_hf(cfg) if cfg.arch == 'modern' else config_to_hf(cfg)
   with open(os.path.join(directory, 'config.json'), 'w') as f:
-    json.dump(config_to_hf(cfg), f, indent=2, sort_keys=True)
+    json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})
   if tokenizer is not None:
     tokenizer.save_pretrained(directory)

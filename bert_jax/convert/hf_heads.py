@@ -8,6 +8,9 @@ others without one), the head as `classifier.*` or `qa_outputs.*`, and a config.
 architecture, `id2label` / `label2id` and `problem_type` (multiple choice has no labels: its
 `classifier` is HF's `Linear(hidden, 1)` whatever config.json's num_labels says). The encoder
 tensors come from `hf.params_to_hf`, so they are converted exactly as a pre-training export is.
+
+`arch='modern'` models go to and from `ModernBertFor<Task>` (hf_modern.py's encoder map under
+`model.`, the MLM head's transform as `head.*`, every task's head as `classifier.*`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf
+from bert_jax.convert import hf, hf_modern
 from bert_jax.model import encoder as model, heads
 from bert_jax.model.encoder import BertConfig
-from bert_jax.model.heads import Head, HEAD_PARAM, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN
+from bert_jax.model.heads import Head, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, head_param
 from input_pipeline import fs
 
 ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
                  SPAN: 'BertForQuestionAnswering', MULTIPLE_CHOICE: 'BertForMultipleChoice'}
+MODERN_ARCHITECTURES = {task: 'Modern' + name for task, name in ARCHITECTURES.items()}
+
+
+def architecture(cfg: BertConfig, task: str) -> str:
+  return (MODERN_ARCHITECTURES if cfg.arch == 'modern' else ARCHITECTURES)[task]
 
 
 # ----------------------------------------------------------------------------- configs
@@ -36,8 +44,8 @@ ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForToken
 
 def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
   """HF config.json of a fine-tuned model: the encoder's fields plus the head's."""
-  out = hf.config_to_hf(cfg)
-  out['architectures'] = [ARCHITECTURES[head.task]]
+  out = hf_modern.config_to_hf(cfg) if cfg.arch == 'modern' else hf.config_to_hf(cfg)
+  out['architectures'] = [architecture(cfg, head.task)]
   if head.task != MULTIPLE_CHOICE:  # HF's default (LABEL_0, LABEL_1) there, as run_swag.py's
     names = head.label_names
     out.update(id2label={str(i): name for i, name in enumerate(names)},
@@ -52,7 +60,8 @@ def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
 def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json') -> Head | None:
   """The Head an HF config.json describes, or None for a model without a task head."""
   archs = hf_config.get('architectures') or []
-  task = next((t for t, arch in ARCHITECTURES.items() if arch in archs), None)
+  task = next((t for table in (ARCHITECTURES, MODERN_ARCHITECTURES)
+               for t, arch in table.items() if arch in archs), None)
   if task is None:
     return None
   if task == MULTIPLE_CHOICE:  # one score per choice: id2label describes nothing
@@ -77,22 +86,22 @@ def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json
 # ----------------------------------------------------------------------------- weights
 
 
-def head_to_hf(params, head: Head) -> hf.StateDict:
+def head_to_hf(params, head: Head, cfg: BertConfig) -> hf.StateDict:
   """Our head group -> HF `classifier.*` / `qa_outputs.*` (Linear weights are [out, in])."""
-  name = HEAD_PARAM[head.task]
+  name = head_param(cfg, head.task)
   group = params[name]
   return {f'{name}.weight': np.ascontiguousarray(np.asarray(group['kernel'], np.float32).T),
           f'{name}.bias': np.asarray(group['bias'], np.float32)}
 
 
 def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
-                 source: str = 'checkpoint') -> dict | None:
+                 source: str = 'checkpoint', arch: str = 'bert') -> dict | None:
   """HF head tensors -> our head group, or None when the state has none for this head.
 
   Tensors of another size than `head` (config.json's id2label says 3 labels, the classifier
   has 5) mean an inconsistent directory: an error, not a silently fresh head.
   """
-  name = HEAD_PARAM[head.task]
+  name = 'classifier' if arch == 'modern' else heads.HEAD_PARAM[head.task]
   weight, bias = state.get(f'{name}.weight'), state.get(f'{name}.bias')
   if weight is None or bias is None:
     return None
@@ -101,6 +110,8 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
     fix = ('make config.json id2label (num_labels) match the tensors'
            if head.task in (SEQUENCE, TOKEN) else
            f'every {ARCHITECTURES[head.task]} has that shape; check config.json architectures')
+    if arch == 'modern':
+      fix = fix.replace('Bert', 'ModernBert')
     raise hf.CheckpointError(
         f'{source}: {name}.weight has shape {tuple(weight.shape)} and {name}.bias '
         f'{tuple(bias.shape)}, but {head.task} with {head.num_labels} labels needs {want}; '
@@ -115,10 +126,10 @@ def finetuned_from_hf(state: Mapping[str, np.ndarray], cfg: BertConfig, head: He
   state = dict(state)
   head_state = {k: state.pop(k) for k in list(state)
                 if k.startswith(('classifier.', 'qa_outputs.'))}
-  own = head_from_hf(head_state, head, cfg.hidden_size, source)
+  own = head_from_hf(head_state, head, cfg.hidden_size, source, cfg.arch)
   if own is None:
-    raise hf.CheckpointError(f'{source}: no {HEAD_PARAM[head.task]}.weight/.bias; not a '
-                             f'{ARCHITECTURES[head.task]} state dict')
+    raise hf.CheckpointError(f'{source}: no {head_param(cfg, head.task)}.weight/.bias; not a '
+                             f'{architecture(cfg, head.task)} state dict')
   # Pre-training heads (and the pooler of token/span models) are absent: params_from_hf
   # fills them fresh with a warning, with_encoder then keeps only what the head model has.
   pre = hf.params_from_hf(state, cfg, source=source)
@@ -135,11 +146,14 @@ def _complete_tree(params, cfg: BertConfig) -> dict:
 
 
 def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
-  """A head model's params -> the HF state dict of its `BertFor<Task>` (float32 numpy)."""
+  """A head model's params -> the HF state dict of its `(Modern)BertFor<Task>` (float32)."""
   state = hf.params_to_hf(_complete_tree(params, cfg), cfg)
-  keep = {k: v for k, v in state.items() if k.startswith('bert.')
-          and (head.has_pooler or not k.startswith('bert.pooler.'))}
-  keep.update(head_to_hf(params, head))
+  if cfg.arch == 'modern':  # every ModernBERT task model has the encoder and `head`
+    keep = {k: v for k, v in state.items() if k.startswith(('model.', 'head.'))}
+  else:
+    keep = {k: v for k, v in state.items() if k.startswith('bert.')
+            and (head.has_pooler or not k.startswith('bert.pooler.'))}
+  keep.update(head_to_hf(params, head, cfg))
   return keep
 
 
@@ -148,7 +162,7 @@ def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
 
 def save_finetuned(path: str, cfg: BertConfig, head: Head, params, tokenizer=None,
                    overwrite: bool = False) -> str:
-  """Write an HF `BertFor<Task>` directory (config.json, model.safetensors, tokenizer files)
+  """Write an HF `(Modern)BertFor<Task>` directory (config.json, model.safetensors, tokenizer files)
   atomically; returns `path`.
 
   Not `hf.save_pretrained`: that writes BertForPreTraining's config and `cls.*` tensors,

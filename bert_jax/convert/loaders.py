@@ -87,17 +87,19 @@ def is_workdir(path: str) -> bool:
 
 
 def _relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) -> dict:
-  """Encoder layers stacked (`layers`, scan) <-> one group per layer (`layer_i`)."""
+  """Encoder layers stacked (`layers`, scan) <-> one group per layer (`layer_i`); other
+  encoder groups (a pre-norm model's `final_norm`) stay as they are."""
   if scanned == to_scanned:
     return params
   enc = params['encoder']
+  rest = {k: v for k, v in enc.items() if k != 'layers' and not k.startswith('layer_')}
   if to_scanned:
     layers = [enc[f'layer_{i}'] for i in range(num_layers)]
     new = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
   else:
     new = {f'layer_{i}': jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), enc['layers'])
            for i in range(num_layers)}
-  return {**params, 'encoder': new}
+  return {**params, 'encoder': {**new, **rest}}
 
 
 def load_workdir(path, step, given_lower, rng, required, overrides) -> StartPoint:
@@ -127,7 +129,8 @@ def load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
                 if k.startswith(('classifier.', 'qa_outputs.'))}
   params = hf.params_from_hf(state, cfg, rng=rng, source=model_dir)
   head = hf_heads.head_from_hf_config(hf_config, fs.join(model_dir, 'config.json'))
-  head_params = (hf_heads.head_from_hf(head_state, head, cfg.hidden_size, model_dir)
+  head_params = (hf_heads.head_from_hf(head_state, head, cfg.hidden_size, model_dir,
+                                         cfg.arch)
                  if head else None)
   if head_state and head_params is None:
     logging.warning('%s: ignored %s: config.json architectures %s name no task head we know '

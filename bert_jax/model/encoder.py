@@ -1,9 +1,16 @@
-"""BERT encoder with the masked-LM and next-sentence heads, in Flax linen.
+"""BERT and ModernBERT-class encoders with the masked-LM (and next-sentence) heads, in Flax
+linen: one model, whose architecture switches `BertConfig.arch` presets.
 
-Numerically the same as HuggingFace's `modeling_bert.BertForPreTraining` (post-LayerNorm
+`arch='bert'` is numerically HuggingFace's `modeling_bert.BertForPreTraining` (post-LayerNorm
 layers, LayerNorm eps 1e-12, exact erf GELU, tanh pooler over [CLS], MLM decoder tied to the
-word embeddings plus an output bias). Two departures, both for speed and neither changing a
-number:
+word embeddings plus an output bias). `arch='modern'` is transformers' `ModernBertForMaskedLM`
+(models/modernbert/modeling_modernbert.py): pre-norm layers (the first layer's attention
+reads the normed embeddings directly), no biases, GeGLU MLP, RoPE with separate theta for
+global and local layers, global attention every Nth layer and a sliding window elsewhere
+(attention.py), a final norm, the same tied MLM head, and no pooler or sentence head. Each
+switch (`norm_position`, `use_bias`, `mlp`, `positions`, `global_attention_every`) also works
+alone on a BERT, for the ablation (configs/ablation.py). Two departures, both for speed and
+neither changing a number:
 - the MLM head runs only at `masked_lm_positions` (20 of 128 rows), never over the whole
   sequence, because the full-vocabulary projection is the single largest matmul in BERT;
 - layers run under `nn.scan`, so compile time does not grow with depth.
@@ -11,6 +18,9 @@ number:
 Packed rows (pretraining/features.py) are handled by feature name: `packed_segment_ids` gives a
 block-diagonal attention mask and `position_ids` restart per instance, so each instance gets
 exactly the logits it would get alone.
+
+Scanned layers take their index as the scan input: a local or global layer is then a
+`lax.cond` between the two attention cores (unrolled layers choose statically).
 
 Every parameter and the main activations carry logical axis names (`vocab`, `embed`, `heads`,
 `kv`, `mlp`, `batch`, `length`, `layers`) which `bert_jax.training.sharding` maps to mesh axes.
@@ -27,6 +37,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from bert_jax.model import attention as attn_lib
+from bert_jax.model.attention import AttentionInputs, attention_mask  # noqa: F401 (re-export)
+
 # Sizes from the BERT repository's README ("Well-Read Students Learn Better" grid); the
 # intermediate width is always 4H.
 PRESETS: dict[str, dict[str, int]] = {
@@ -36,7 +49,30 @@ PRESETS: dict[str, dict[str, int]] = {
     'medium': dict(num_layers=8, hidden_size=512, num_heads=8),
     'base': dict(num_layers=12, hidden_size=768, num_heads=12),
     'large': dict(num_layers=24, hidden_size=1024, num_heads=16),
+    # ModernBERT's own shapes (answerdotai/ModernBERT-{base,large} config.json).
+    'modernbert-base': dict(num_layers=22, hidden_size=768, num_heads=12,
+                            intermediate_size=1152),
+    'modernbert-large': dict(num_layers=28, hidden_size=1024, num_heads=16,
+                             intermediate_size=2624),
 }
+
+# What `arch` sets unless a field is given: BERT's defaults, or ModernBERT's (transformers'
+# ModernBertConfig defaults: norm eps 1e-5, no biases, window 128, theta 160k / 10k, no
+# dropout, no token types, 8,192 positions).
+ARCHS: dict[str, dict[str, Any]] = {
+    'bert': {},
+    'modern': dict(norm_position='pre', use_bias=False, mlp='glu', positions='rope',
+                   global_attention_every=3, local_window=128, global_rope_theta=160_000.0,
+                   local_rope_theta=10_000.0, layer_norm_eps=1e-5, type_vocab_size=0,
+                   max_position_embeddings=8192, hidden_dropout=0.0, attention_dropout=0.0),
+}
+SWITCHES = {'norm_position': ('post', 'pre'), 'mlp': ('mlp', 'glu'),
+            'positions': ('learned', 'rope'), 'classifier_pooling': ('cls', 'mean')}
+
+
+def glu_width(hidden_size: int) -> int:
+  """A GeGLU's inner width with the parameters of a 4H MLP (3·H·I = 8·H²), in 64s."""
+  return max(64, 64 * round(8 * hidden_size / 3 / 64))
 
 REMAT_POLICIES = {
     'none': None,
@@ -73,6 +109,17 @@ class BertConfig:
   remat_policy: str = 'none'
   # Passed to jax.nn.dot_product_attention: None (XLA picks), 'xla' or 'cudnn'.
   attention_impl: str | None = None
+  # Architecture switches; ARCHS['modern'] sets all of them to ModernBERT's.
+  arch: str = 'bert'  # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler
+  norm_position: str = 'post'  # post (BERT) | pre (norm before each sub-block, final norm)
+  use_bias: bool = True  # biases of the linear layers and norms (task heads keep theirs)
+  mlp: str = 'mlp'  # mlp: act(x W1) W2 | glu: (act(x Wi_in) * x Wi_gate) Wo (GeGLU)
+  positions: str = 'learned'  # learned absolute table | rope
+  global_attention_every: int = 1  # layer i is global iff i % N == 0, else local
+  local_window: int = 128  # local layers see keys with |i - j| <= local_window // 2
+  global_rope_theta: float = 10_000.0
+  local_rope_theta: float = 10_000.0
+  classifier_pooling: str = 'cls'  # modern heads' sequence pooling: cls | mean
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -85,6 +132,18 @@ class BertConfig:
                        f'{sorted(REMAT_POLICIES)}')
     if self.dtype not in ('float32', 'bfloat16'):
       raise ValueError(f'model.dtype={self.dtype!r}: expected float32 or bfloat16')
+    if self.arch not in ARCHS:
+      raise ValueError(f'model.arch={self.arch!r}: expected one of {sorted(ARCHS)}')
+    for name, allowed in SWITCHES.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(f'model.{name}={getattr(self, name)!r}: expected one of {allowed}')
+    if self.global_attention_every < 1:
+      raise ValueError(f'model.global_attention_every={self.global_attention_every}: '
+                       'must be >= 1 (1 = every layer global)')
+    if self.global_attention_every > 1 and self.local_window < 2:
+      raise ValueError(f'model.local_window={self.local_window}: needs >= 2')
+    if self.positions == 'rope' and self.head_dim % 2:
+      raise ValueError(f'model.positions=rope needs an even head size, got {self.head_dim}')
 
   @property
   def head_dim(self) -> int:
@@ -94,14 +153,28 @@ class BertConfig:
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
 
+  @property
+  def half_window(self) -> int:
+    return self.local_window // 2
+
+  def is_global(self, layer: int) -> bool:
+    return layer % self.global_attention_every == 0
+
   @classmethod
-  def from_preset(cls, name: str, **overrides: Any) -> 'BertConfig':
-    """A named size (tiny ... large) with intermediate 4H, plus any field overrides."""
+  def from_preset(cls, name: str, arch: str = 'bert', **overrides: Any) -> 'BertConfig':
+    """A named size (tiny ... large, modernbert-*) with `arch`'s switches and any overrides.
+    The MLP's width is the size's (4H for BERT's sizes), or for a GLU on a BERT size the
+    width with the same parameters (`glu_width`)."""
     if name not in PRESETS:
       raise ValueError(f'unknown model size {name!r}: expected one of {list(PRESETS)}')
+    if arch not in ARCHS:
+      raise ValueError(f'model.arch={arch!r}: expected one of {sorted(ARCHS)}')
     fields = dict(PRESETS[name])
-    fields['intermediate_size'] = 4 * fields['hidden_size']
+    fields.update(ARCHS[arch], arch=arch)
     fields.update(overrides)
+    if 'intermediate_size' not in fields:
+      h = fields['hidden_size']
+      fields['intermediate_size'] = glu_width(h) if fields.get('mlp') == 'glu' else 4 * h
     return cls(**fields)
 
   def replace(self, **changes: Any) -> 'BertConfig':
@@ -111,14 +184,20 @@ class BertConfig:
 @struct.dataclass
 class BertOutput:
   sequence_output: jax.Array  # [B, S, H]
-  pooled_output: jax.Array  # [B, H], or [B, K, H] for packed rows
+  pooled_output: jax.Array | None  # [B, H], or [B, K, H] for packed rows; None: modern
   mlm_logits: jax.Array  # [B, P, V] float32 at masked_lm_positions (all S if none given)
-  nsp_logits: jax.Array  # [B, 2], or [B, K, 2] for packed rows; float32
+  nsp_logits: jax.Array | None  # [B, 2], or [B, K, 2] for packed rows; float32
 
 
-def _init(cfg: BertConfig, axes: tuple[str | None, ...]):
+def _init(cfg: BertConfig, axes: tuple[str | None, ...], std: float | None = None):
   return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(cfg.initializer_range), axes)
+      nn.initializers.truncated_normal(std or cfg.initializer_range), axes)
+
+
+def _out_std(cfg: BertConfig) -> float | None:
+  """ModernBERT initialises the layers' output projections with range / sqrt(2L)
+  (`ModernBertPreTrainedModel._init_weights`, "out"); BERT uses the range everywhere."""
+  return cfg.initializer_range / (2 * cfg.num_layers) ** 0.5 if cfg.arch == 'modern' else None
 
 
 def _zeros(axes):
@@ -128,14 +207,14 @@ def _zeros(axes):
 def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
   # Flax computes the statistics in float32 even when dtype is bfloat16.
   return nn.LayerNorm(
-      epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name,
+      epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, name=name, use_bias=cfg.use_bias,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
       bias_init=_zeros(('norm',)))
 
 
-def _dense(cfg: BertConfig, features: int, axes, name: str) -> nn.Dense:
-  return nn.Dense(features, dtype=cfg.compute_dtype, name=name,
-                  kernel_init=_init(cfg, axes), bias_init=_zeros(axes[-1:]))
+def _dense(cfg: BertConfig, features: int, axes, name: str, std: float | None = None) -> nn.Dense:
+  return nn.Dense(features, dtype=cfg.compute_dtype, name=name, use_bias=cfg.use_bias,
+                  kernel_init=_init(cfg, axes, std), bias_init=_zeros(axes[-1:]))
 
 
 class HeadProjection(nn.Module):
@@ -157,10 +236,13 @@ class HeadProjection(nn.Module):
     else:
       shape, axes, out_axes = (cfg.hidden_size,) + heads, ('embed', 'heads', 'kv'), ('heads', 'kv')
       eq, bias_shape = 'bsh,hnd->bsnd', heads
-    kernel = self.param('kernel', _init(cfg, axes), shape, jnp.float32)
-    bias = self.param('bias', _zeros(out_axes), bias_shape, jnp.float32)
+    std = _out_std(cfg) if self.merge else None
+    kernel = self.param('kernel', _init(cfg, axes, std), shape, jnp.float32)
     dtype = cfg.compute_dtype
-    return jnp.einsum(eq, x.astype(dtype), kernel.astype(dtype)) + bias.astype(dtype)
+    y = jnp.einsum(eq, x.astype(dtype), kernel.astype(dtype))
+    if not cfg.use_bias:
+      return y
+    return y + self.param('bias', _zeros(out_axes), bias_shape, jnp.float32).astype(dtype)
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -168,31 +250,15 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, positions[:, :, None].astype(jnp.int32), axis=1)
 
 
-def attention_mask(input_mask: jax.Array | None, packed_segment_ids: jax.Array | None,
-                   batch: int, length: int) -> jax.Array:
-  """Boolean mask, broadcastable to [B, heads, S_q, S_k], True where attention is allowed.
-
-  Padding masks only keys, as HF does (padded queries still produce finite outputs).
-  Packed rows attend only within their own instance; padding (segment 0) attends nowhere,
-  which `jax.nn.dot_product_attention` turns into a finite uniform average.
-  """
-  if packed_segment_ids is not None:
-    seg = packed_segment_ids
-    same = seg[:, :, None] == seg[:, None, :]
-    return (same & (seg[:, None, :] > 0))[:, None, :, :]
-  if input_mask is None:
-    return jnp.ones((batch, 1, 1, length), bool)
-  return (input_mask > 0)[:, None, None, :]
-
-
 class Embeddings(nn.Module):
-  """Word + position + token-type embeddings, looked up and summed in float32 (as HF under
-  autocast), then LayerNorm in the compute dtype. Why float32: the lookups' gradients are
+  """Word (+ learned position) (+ token-type) embeddings, looked up and summed in float32 (as
+  HF under autocast), then a norm in the compute dtype. Why float32: the lookups' gradients are
   scatter-adds, and a bfloat16 scatter-add has no native GPU atomic (each update is a
   compare-and-swap loop): it cost 100 of 214 ms of a BERT-base bf16 step on an H100
   (benchmarks/gpu_profile.py). The two-row token-type table is a one-hot matmul, as in
   google-research/bert's modeling.py ("always faster for a small vocabulary"): its gradient
-  is then a reduction, not 32k atomic adds into two rows."""
+  is then a reduction, not 32k atomic adds into two rows. RoPE models have no position table,
+  ModernBERT no token types (`type_vocab_size=0`)."""
 
   cfg: BertConfig
   deterministic: bool = True
@@ -202,22 +268,27 @@ class Embeddings(nn.Module):
     self.word_embeddings = nn.Embed(
         cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32,
         embedding_init=_init(cfg, ('vocab', 'embed')))
-    self.position_embeddings = nn.Embed(
-        cfg.max_position_embeddings, cfg.hidden_size, dtype=jnp.float32,
-        embedding_init=_init(cfg, ('position', 'embed')))
-    self.token_type_embeddings = nn.Embed(
-        cfg.type_vocab_size, cfg.hidden_size, dtype=jnp.float32,
-        embedding_init=_init(cfg, ('token_type', 'embed')))
+    if cfg.positions == 'learned':
+      self.position_embeddings = nn.Embed(
+          cfg.max_position_embeddings, cfg.hidden_size, dtype=jnp.float32,
+          embedding_init=_init(cfg, ('position', 'embed')))
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = nn.Embed(
+          cfg.type_vocab_size, cfg.hidden_size, dtype=jnp.float32,
+          embedding_init=_init(cfg, ('token_type', 'embed')))
     self.layer_norm = _layer_norm(cfg, 'layer_norm')
     self.dropout = nn.Dropout(cfg.hidden_dropout)
 
   def __call__(self, input_ids, segment_ids, position_ids):
-    token_types = jnp.einsum('bsv,vh->bsh',
-                             jax.nn.one_hot(segment_ids, self.cfg.type_vocab_size,
-                                            dtype=jnp.float32),
-                             self.token_type_embeddings.embedding,
-                             precision=jax.lax.Precision.HIGHEST)  # exact rows, even on TF32/TPU
-    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids) + token_types
+    cfg = self.cfg
+    x = self.word_embeddings(input_ids)
+    if cfg.positions == 'learned':
+      x = x + self.position_embeddings(position_ids)
+    if cfg.type_vocab_size:
+      x = x + jnp.einsum('bsv,vh->bsh',
+                         jax.nn.one_hot(segment_ids, cfg.type_vocab_size, dtype=jnp.float32),
+                         self.token_type_embeddings.embedding,
+                         precision=jax.lax.Precision.HIGHEST)  # exact rows, even on TF32/TPU
     x = self.dropout(self.layer_norm(x), deterministic=self.deterministic)
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
@@ -228,62 +299,131 @@ class Embeddings(nn.Module):
                       preferred_element_type=jnp.float32)
 
 
+def attention_inputs(cfg: BertConfig, input_mask, packed_segment_ids, position_ids,
+                     batch: int, length: int) -> AttentionInputs:
+  """Masks and RoPE tables for every layer, once per forward pass."""
+  rope = lambda theta: (attn_lib.rope_tables(position_ids, cfg.head_dim, theta)
+                        if cfg.positions == 'rope' else None)
+  has_local = cfg.global_attention_every > 1 and cfg.num_layers > 1
+  return AttentionInputs(
+      mask=attention_mask(input_mask, packed_segment_ids, batch, length),
+      groups=attn_lib.token_groups(input_mask, packed_segment_ids, batch, length),
+      rope_global=rope(cfg.global_rope_theta),
+      rope_local=rope(cfg.local_rope_theta) if has_local else None,
+      packed=packed_segment_ids is not None)
+
+
+def _pick(flag, if_true, if_false):
+  """Static choice for a Python bool, elementwise select for a traced one (scanned layers)."""
+  if isinstance(flag, bool):
+    return if_true if flag else if_false
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), if_true, if_false)
+
+
 class SelfAttention(nn.Module):
+  """Projections (+ RoPE) around a global or local core (attention.py). `is_global` is a
+  Python bool (unrolled layers) or a traced one (scanned layers: a lax.cond)."""
+
   cfg: BertConfig
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, mask):
+  def __call__(self, x, inputs: AttentionInputs, is_global=True):
     cfg = self.cfg
     q, k, v = (
         nn.with_logical_constraint(HeadProjection(cfg, name=name)(x),
                                    ('batch', 'length', 'heads', 'kv'))
         for name in ('query', 'key', 'value'))
-    if self.deterministic or cfg.attention_dropout == 0.0:
-      if cfg.attention_impl == 'cudnn':  # cuDNN takes a mask of every query row, not [B,1,1,S]
-        mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q.shape[1], k.shape[1]))
-      ctx = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
+    if cfg.positions == 'rope':
+      cos, sin = (inputs.rope_global if inputs.rope_local is None
+                  else _pick(is_global, inputs.rope_global, inputs.rope_local))
+      q, k = attn_lib.apply_rope(q, cos, sin), attn_lib.apply_rope(k, cos, sin)
+    training = not self.deterministic and cfg.attention_dropout > 0.0
+    key = self.make_rng('dropout') if training else None
+    common = dict(dropout_rate=cfg.attention_dropout, key=key, implementation=cfg.attention_impl)
+    global_core = lambda q, k, v: attn_lib.global_attention(q, k, v, inputs.mask, **common)
+    local_core = lambda q, k, v: attn_lib.local_attention(
+        q, k, v, inputs.mask, inputs.groups, half_window=cfg.half_window,
+        packed=inputs.packed, **common)
+    if cfg.global_attention_every == 1 or is_global is True:
+      ctx = global_core(q, k, v)
+    elif is_global is False:
+      ctx = local_core(q, k, v)
     else:
-      ctx = self._attention_with_dropout(q, k, v, mask)
+      ctx = jax.lax.cond(is_global, global_core, local_core, q, k, v)
     ctx = nn.with_logical_constraint(ctx, ('batch', 'length', 'heads', 'kv'))
     return HeadProjection(cfg, merge=True, name='output')(ctx)
 
-  def _attention_with_dropout(self, q, k, v, mask):
-    # Dropout on the attention probabilities, as in the paper and HF. Fused attention kernels
-    # have no dropout; set model.attention_dropout=0 to get them in training too.
-    scale = 1.0 / jnp.sqrt(self.cfg.head_dim).astype(q.dtype)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q * scale, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = nn.Dropout(self.cfg.attention_dropout)(probs, deterministic=False)
-    return jnp.einsum('bhqk,bkhd->bqhd', probs.astype(v.dtype), v)
+
+class GluIn(nn.Module):
+  """GeGLU's input projection: [B, S, H] -> (input, gate), each [B, S, I]. One [H, 2, I]
+  kernel (HF's `Wi`, whose output halves are input and gate), so tensor parallelism splits
+  I in both halves alike."""
+
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    i = cfg.intermediate_size
+    kernel = self.param('kernel', _init(cfg, ('embed', None, 'mlp')), (cfg.hidden_size, 2, i),
+                        jnp.float32)
+    dtype = cfg.compute_dtype
+    y = jnp.einsum('bsh,hti->bsti', x.astype(dtype), kernel.astype(dtype))
+    if cfg.use_bias:
+      y = y + self.param('bias', _zeros((None, 'mlp')), (2, i), jnp.float32).astype(dtype)
+    return y[:, :, 0], y[:, :, 1]
 
 
 class EncoderLayer(nn.Module):
-  """Post-LN Transformer layer; signature (carry, mask) -> (carry, None) for nn.scan."""
+  """A Transformer layer, post-LN (BERT) or pre-LN (ModernBERT, whose layer 0 skips its
+  attention norm: the embeddings were just normed). Signature (carry, inputs, scan_index) ->
+  (carry, None) for nn.scan; unrolled layers get their `index` as an attribute."""
 
   cfg: BertConfig
   deterministic: bool = True
+  index: int | None = None
 
   @nn.compact
-  def __call__(self, x, mask):
+  def __call__(self, x, inputs: AttentionInputs, scan_index=None):
     cfg = self.cfg
+    index = self.index if self.index is not None else scan_index
+    is_global = (cfg.is_global(index) if isinstance(index, int)
+                 else index % cfg.global_attention_every == 0)
     drop = functools.partial(nn.Dropout(cfg.hidden_dropout), deterministic=self.deterministic)
-    attn = SelfAttention(cfg, self.deterministic, name='attention')(x, mask)
-    x = _layer_norm(cfg, 'attention_layer_norm')(x + drop(attn))
-    h = _dense(cfg, cfg.intermediate_size, ('embed', 'mlp'), 'intermediate')(x)
-    h = nn.with_logical_constraint(ACTIVATIONS[cfg.hidden_act](h), ('batch', 'length', 'mlp'))
-    h = _dense(cfg, cfg.hidden_size, ('mlp', 'embed'), 'output')(h)
-    x = _layer_norm(cfg, 'output_layer_norm')(x + drop(h))
+    attention = SelfAttention(cfg, self.deterministic, name='attention')
+    attention_norm = _layer_norm(cfg, 'attention_layer_norm')
+    mlp_norm = _layer_norm(cfg, 'output_layer_norm')
+    if cfg.norm_position == 'post':
+      x = attention_norm(x + drop(attention(x, inputs, is_global)))
+      x = mlp_norm(x + drop(self._mlp(x)))
+    else:
+      normed = attention_norm(x)  # created on every layer, so scanned stacks are uniform
+      first = index == 0 if isinstance(index, int) else index == 0
+      x = x + drop(attention(_pick(first, x, normed), inputs, is_global))
+      x = x + drop(self._mlp(mlp_norm(x)))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed')), None
+
+  def _mlp(self, x):
+    cfg = self.cfg
+    act = ACTIVATIONS[cfg.hidden_act]
+    if cfg.mlp == 'glu':
+      h, gate = GluIn(cfg, name='intermediate')(x)
+      h = act(h) * gate
+    else:
+      h = act(_dense(cfg, cfg.intermediate_size, ('embed', 'mlp'), 'intermediate')(x))
+    h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
+    return _dense(cfg, cfg.hidden_size, ('mlp', 'embed'), 'output', _out_std(cfg))(h)
 
 
 class Encoder(nn.Module):
+  """The layer stack (+ the final norm of pre-norm models)."""
+
   cfg: BertConfig
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, mask):
+  def __call__(self, x, inputs: AttentionInputs):
     cfg = self.cfg
     layer = EncoderLayer
     policy = REMAT_POLICIES[cfg.remat_policy]
@@ -292,17 +432,53 @@ class Encoder(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(
           layer, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-          in_axes=nn.broadcast, length=cfg.num_layers,
+          in_axes=(nn.broadcast, 0), length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: 'layers'})
-      x, _ = stack(cfg, self.deterministic, name='layers')(x, mask)
-      return x
-    for i in range(cfg.num_layers):
-      x, _ = layer(cfg, self.deterministic, name=f'layer_{i}')(x, mask)
+      x, _ = stack(cfg, self.deterministic, name='layers')(
+          x, inputs, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+    else:
+      for i in range(cfg.num_layers):
+        x, _ = layer(cfg, self.deterministic, index=i, name=f'layer_{i}')(x, inputs, None)
+    if cfg.norm_position == 'pre':
+      x = _layer_norm(cfg, 'final_norm')(x)
     return x
 
 
+def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+           packed_segment_ids=None, deterministic: bool = True):
+  """(sequence_output [B, S, H], embeddings module): the encoder, as submodules of the calling
+  (compact) module, so every model lands its params under `embeddings` and `encoder`."""
+  batch, length = input_ids.shape
+  if segment_ids is None:
+    segment_ids = jnp.zeros_like(input_ids)
+  if position_ids is None:
+    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  embeddings = Embeddings(cfg, deterministic, name='embeddings')
+  x = embeddings(input_ids, segment_ids, position_ids)
+  inputs = attention_inputs(cfg, input_mask, packed_segment_ids, position_ids, batch, length)
+  return Encoder(cfg, deterministic, name='encoder')(x, inputs), embeddings
+
+
+def prediction_head(cfg: BertConfig, x):
+  """The MLM head's transform (dense, activation, norm: BERT's `cls.predictions.transform`,
+  ModernBERT's `head`), as submodules of the caller. ModernBERT's task heads reuse it on the
+  pooled or per-token states, under the same names, so a pre-trained one carries over."""
+  h = _dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'mlm_transform',
+             _out_std(cfg))(x)
+  # Keep the hidden dim whole here: on a (data, fsdp, tensor) mesh with all three > 1, XLA's
+  # SPMD partitioner otherwise returns a wrong mlm_transform gradient (seen with jax 0.10.2;
+  # tests/test_sharding.py guards it).
+  h = nn.with_logical_constraint(h, ('batch',) + ('length',) * (h.ndim - 2) + ('embed',))
+  return _layer_norm(cfg, 'mlm_layer_norm')(ACTIVATIONS[cfg.hidden_act](h))
+
+
+def bert_pooler(cfg: BertConfig, cls_tokens):
+  return jnp.tanh(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
+
+
 class BertForPreTraining(nn.Module):
-  """BERT with both pre-training heads.
+  """The encoder with its pre-training heads: MLM, and for `arch='bert'` the pooler and the
+  2-way sentence head (NSP/SOP).
 
   Call with the feature dict's arrays (pretraining/features.py names). `masked_lm_positions`
   limits the MLM head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
@@ -316,31 +492,21 @@ class BertForPreTraining(nn.Module):
                position_ids=None, packed_segment_ids=None, next_sentence_positions=None,
                deterministic: bool = True) -> BertOutput:
     cfg = self.cfg
-    batch, length = input_ids.shape
-    if segment_ids is None:
-      segment_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    embeddings = Embeddings(cfg, deterministic, name='embeddings')
-    x = embeddings(input_ids, segment_ids, position_ids)
-    mask = attention_mask(input_mask, packed_segment_ids, batch, length)
-    sequence_output = Encoder(cfg, deterministic, name='encoder')(x, mask)
-
-    if next_sentence_positions is None:
-      cls_tokens = sequence_output[:, 0]
-    else:
-      cls_tokens = gather_positions(sequence_output, next_sentence_positions)
-    pooled = jnp.tanh(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
-    nsp_logits = _dense(cfg, 2, ('mlp', None), 'nsp')(pooled).astype(jnp.float32)
+    sequence_output, embeddings = encode(
+        cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
+        packed_segment_ids=packed_segment_ids, deterministic=deterministic)
+    pooled = nsp_logits = None
+    if cfg.arch == 'bert':
+      if next_sentence_positions is None:
+        cls_tokens = sequence_output[:, 0]
+      else:
+        cls_tokens = gather_positions(sequence_output, next_sentence_positions)
+      pooled = bert_pooler(cfg, cls_tokens)
+      nsp_logits = _dense(cfg, 2, ('mlp', None), 'nsp')(pooled).astype(jnp.float32)
 
     mlm_in = (sequence_output if masked_lm_positions is None
               else gather_positions(sequence_output, masked_lm_positions))
-    h = _dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'mlm_transform')(mlm_in)
-    # Keep the hidden dim whole here: on a (data, fsdp, tensor) mesh with all three > 1, XLA's
-    # SPMD partitioner otherwise returns a wrong mlm_transform gradient (seen with jax 0.10.2;
-    # tests/test_sharding.py guards it).
-    h = nn.with_logical_constraint(h, ('batch', 'length', 'embed'))
-    h = _layer_norm(cfg, 'mlm_layer_norm')(ACTIVATIONS[cfg.hidden_act](h))
+    h = prediction_head(cfg, mlm_in)
     bias = self.param('mlm_output_bias', _zeros(('vocab',)), (cfg.vocab_size,), jnp.float32)
     mlm_logits = embeddings.attend(h) + bias
     return BertOutput(sequence_output=sequence_output, pooled_output=pooled,

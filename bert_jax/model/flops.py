@@ -1,8 +1,10 @@
 """Model FLOPs of a train step and the device peak they are compared against (MFU).
 
-FLOPs = 6·N·T + 12·L·H·S·T + 6·B·P·(H² + H·V) + 6·B·(H² + 2H), with T = B·S tokens,
-N = encoder (non-embedding) parameters, P = MLM positions actually computed: the definition of
-the performance issue, counting only useful work (the MLM head at the labelled positions).
+FLOPs = 6·N·T + 12·H·T·Σ_layers span + 6·B·P·(H² + H·V) [+ 6·B·(H² + 2H)], with T = B·S
+tokens, N = encoder (non-embedding) parameters, span = S in global layers and min(S, window + 1)
+in local ones, P = MLM positions actually computed, and the last term the pooler and NSP head
+of `arch='bert'`: the definition of the performance issue, counting only useful work (the MLM
+head at the labelled positions, the keys a local layer may see).
 """
 
 from __future__ import annotations
@@ -22,15 +24,28 @@ KNOWN_PEAKS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'TPU v4': 275e12,
 
 def encoder_params(cfg: BertConfig) -> int:
   h, i = cfg.hidden_size, cfg.intermediate_size
-  per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
-  return cfg.num_layers * per_layer
+  bias = 1 if cfg.use_bias else 0
+  attention = 4 * h * h + bias * 4 * h
+  mlp = (3 * h * i + bias * (2 * i + h) if cfg.mlp == 'glu'
+         else 2 * h * i + bias * (i + h))
+  norms = 2 * h * (1 + bias)
+  return cfg.num_layers * (attention + mlp + norms)
+
+
+def attention_span(cfg: BertConfig, layer: int, seq_len: int) -> int:
+  """Keys one query may attend to in `layer`."""
+  if cfg.global_attention_every == 1 or cfg.is_global(layer):
+    return seq_len
+  return min(seq_len, 2 * cfg.half_window + 1)
 
 
 def train_flops_per_step(cfg: BertConfig, batch: int, seq_len: int, predictions: int) -> float:
-  h, v, l = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
+  h, v = cfg.hidden_size, cfg.vocab_size
   tokens = batch * seq_len
-  return (6 * encoder_params(cfg) * tokens + 12 * l * h * seq_len * tokens +
-          6 * batch * predictions * (h * h + h * v) + 6 * batch * (h * h + 2 * h))
+  spans = sum(attention_span(cfg, layer, seq_len) for layer in range(cfg.num_layers))
+  sentence_head = 6 * batch * (h * h + 2 * h) if cfg.arch == 'bert' else 0
+  return (6 * encoder_params(cfg) * tokens + 12 * h * spans * tokens +
+          6 * batch * predictions * (h * h + h * v) + sentence_head)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,12 @@
 """Fine-tuning heads on the pre-trained encoder: sequence classification (and regression),
 token classification, span extraction and multiple choice, numerically HuggingFace's
 `BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering` and
-`BertForMultipleChoice` on the same weights.
+`BertForMultipleChoice` on the same weights; for `arch='modern'`, transformers'
+`ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}`
+(models/modernbert/modeling_modernbert.py): no pooler, the MLM head's transform (`head`,
+our `mlm_transform` + `mlm_layer_norm`, carried over from pre-training as HF carries it) on
+the [CLS] state (or the mean, `classifier_pooling='mean'`) or on every token, dropout, then
+the classifier; multiple choice pools each choice's first unpadded token.
 
 The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same parameter
 names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
@@ -24,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from bert_jax.model.encoder import (BertConfig, Embeddings, Encoder, _dense, attention_mask,
-                            gather_positions)
+from bert_jax.model import encoder as enc
+from bert_jax.model.encoder import BertConfig, gather_positions
 
 SEQUENCE = 'sequence_classification'
 TOKEN = 'token_classification'
@@ -42,6 +47,8 @@ HEAD_IN_AXIS = {SEQUENCE: 'mlp', TOKEN: 'embed', SPAN: 'embed', MULTIPLE_CHOICE:
 # Heads whose output width is fixed by the task: (start, end) and one score per choice.
 FIXED_OUTPUTS = {SPAN: (2, '(start, end)'), MULTIPLE_CHOICE: (1, '(one score per choice)')}
 ENCODER_GROUPS = ('embeddings', 'encoder', 'pooler')
+# ModernBERT's task heads all start from the MLM head's transform.
+MODERN_ENCODER_GROUPS = ('embeddings', 'encoder', 'mlm_transform', 'mlm_layer_norm')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,39 +118,61 @@ class SpanLogits:
 
 
 def _head_dense(cfg: BertConfig, features: int, in_axis: str, name: str) -> nn.Dense:
-  """HF initialises task heads with N(0, initializer_range) (not truncated) and zero bias."""
+  """HF initialises BERT's task heads with N(0, initializer_range) (not truncated), and
+  ModernBERT's with a truncated normal of std hidden**-0.5 ("final_out"); zero bias, which
+  every task head has (HF's `nn.Linear` default) whatever `use_bias` says of the encoder."""
+  init = (nn.initializers.truncated_normal(cfg.hidden_size ** -0.5) if cfg.arch == 'modern'
+          else nn.initializers.normal(cfg.initializer_range))
   return nn.Dense(
       features, dtype=cfg.compute_dtype, name=name,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.normal(cfg.initializer_range), (in_axis, None)),
+      kernel_init=nn.with_logical_partitioning(init, (in_axis, None)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
+
+
+def encoder_groups(cfg: BertConfig, head: 'Head') -> tuple[str, ...]:
+  """The parameter groups a head model takes from a pre-trained tree."""
+  if cfg.arch == 'modern':
+    return MODERN_ENCODER_GROUPS
+  return ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
 
 
 def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
            packed_segment_ids=None, next_sentence_positions=None, add_pooler: bool = True,
            deterministic: bool = True):
-  """(sequence_output [B, S, H], pooled [B, H] / [B, K, H] or None): `BertForPreTraining`'s
-  encoder and pooler, as submodules of the calling module.
+  """(sequence_output [B, S, H], pooled [B, H] / [B, K, H] or None): the encoder and its
+  pooler, as submodules of the calling module.
 
   Called inside a compact `__call__`, so the parameters land at the caller's top level under
-  model.py's names (`embeddings`, `encoder`, `pooler`): pre-trained trees apply unchanged.
+  encoder.py's names (`embeddings`, `encoder`, `pooler` or ModernBERT's `mlm_transform` and
+  `mlm_layer_norm`): pre-trained trees apply unchanged. ModernBERT's pooled output is its
+  head's transform of the [CLS] state, or of the masked mean (`classifier_pooling='mean'`).
   """
-  batch, length = input_ids.shape
-  if segment_ids is None:
-    segment_ids = jnp.zeros_like(input_ids)
-  if position_ids is None:
-    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  x = Embeddings(cfg, deterministic, name='embeddings')(input_ids, segment_ids, position_ids)
-  mask = attention_mask(input_mask, packed_segment_ids, batch, length)
-  sequence_output = Encoder(cfg, deterministic, name='encoder')(x, mask)
+  sequence_output, _ = enc.encode(cfg, input_ids, input_mask, segment_ids,
+                                  position_ids=position_ids,
+                                  packed_segment_ids=packed_segment_ids,
+                                  deterministic=deterministic)
   if not add_pooler:
     return sequence_output, None
-  if next_sentence_positions is None:
-    cls_tokens = sequence_output[:, 0]
+  if cfg.arch == 'modern' and cfg.classifier_pooling == 'mean':
+    if next_sentence_positions is not None:
+      raise ValueError('model.classifier_pooling=mean pools whole rows: use unpacked rows '
+                       '(data.pack=False) or classifier_pooling=cls')
+    mask = (jnp.ones(input_ids.shape, jnp.float32) if input_mask is None
+            else input_mask.astype(jnp.float32))
+    pooled = (jnp.einsum('bsh,bs->bh', sequence_output.astype(jnp.float32), mask) /
+              jnp.sum(mask, axis=1, keepdims=True)).astype(sequence_output.dtype)
+  elif next_sentence_positions is None:
+    pooled = sequence_output[:, 0]
   else:
-    cls_tokens = gather_positions(sequence_output, next_sentence_positions)
-  pooled = jnp.tanh(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
-  return sequence_output, pooled
+    pooled = gather_positions(sequence_output, next_sentence_positions)
+  if cfg.arch == 'modern':
+    return sequence_output, enc.prediction_head(cfg, pooled)
+  return sequence_output, enc.bert_pooler(cfg, pooled)
+
+
+def token_states(cfg: BertConfig, sequence_output):
+  """What token-level heads read: the encoder's states, through ModernBERT's head."""
+  return enc.prediction_head(cfg, sequence_output) if cfg.arch == 'modern' else sequence_output
 
 
 class BertEncoder(nn.Module):
@@ -196,13 +225,15 @@ class BertForTokenClassification(nn.Module):
     sequence_output, _ = encode(
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, add_pooler=False, deterministic=deterministic)
-    x = nn.Dropout(_dropout(cfg, self.head))(sequence_output, deterministic=deterministic)
+    x = nn.Dropout(_dropout(cfg, self.head))(token_states(cfg, sequence_output),
+                                              deterministic=deterministic)
     logits = _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[TOKEN], 'classifier')(x)
     return logits.astype(jnp.float32)
 
 
 class BertForQuestionAnswering(nn.Module):
-  """A dense to 2 on every token, split into start and end logits [B, S] (no dropout, as HF)."""
+  """A dense to 2 on every token, split into start and end logits [B, S] (no dropout in BERT,
+  as HF; ModernBERT's head, dropout and `classifier`)."""
 
   cfg: BertConfig
   head: Head = Head(SPAN)
@@ -214,8 +245,10 @@ class BertForQuestionAnswering(nn.Module):
     sequence_output, _ = encode(
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, add_pooler=False, deterministic=deterministic)
-    dense = _head_dense(cfg, 2, HEAD_IN_AXIS[SPAN], 'qa_outputs')
-    logits = dense(sequence_output).astype(jnp.float32)
+    x = sequence_output
+    if cfg.arch == 'modern':
+      x = nn.Dropout(_dropout(cfg, self.head))(token_states(cfg, x), deterministic=deterministic)
+    logits = _head_dense(cfg, 2, HEAD_IN_AXIS[SPAN], head_param(cfg, SPAN))(x).astype(jnp.float32)
     return SpanLogits(start_logits=logits[..., 0], end_logits=logits[..., 1])
 
 
@@ -233,8 +266,15 @@ class BertForMultipleChoice(nn.Module):
     cfg = self.cfg
     batch, choices, length = input_ids.shape
     rows = lambda x: None if x is None else jnp.reshape(x, (batch * choices, length))
+    first = None
+    if cfg.arch == 'modern' and input_mask is not None and cfg.classifier_pooling == 'cls':
+      # HF: "for left or right padding, <cls> is the first non-pad token"
+      first = jnp.argmax(rows(input_mask), axis=-1)[:, None]
     _, pooled = encode(cfg, rows(input_ids), rows(input_mask), rows(segment_ids),
-                       position_ids=rows(position_ids), deterministic=deterministic)
+                       position_ids=rows(position_ids), next_sentence_positions=first,
+                       deterministic=deterministic)
+    if first is not None:
+      pooled = pooled[:, 0]
     pooled = nn.Dropout(_dropout(cfg, self.head))(pooled, deterministic=deterministic)
     scores = _head_dense(cfg, 1, HEAD_IN_AXIS[MULTIPLE_CHOICE], 'classifier')(pooled)
     return scores.astype(jnp.float32).reshape(batch, choices)
@@ -270,9 +310,14 @@ def logical_param_specs(cfg: BertConfig, head: Head, seq_len: int = 8):
   return nn.get_partition_spec(abstract['params'])
 
 
+def head_param(cfg: BertConfig, task: str) -> str:
+  """The head's parameter group: BERT's names by task, ModernBERT's `classifier` always."""
+  return 'classifier' if cfg.arch == 'modern' else HEAD_PARAM[task]
+
+
 def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
   """Fresh parameters of the head alone ({'classifier': ...} or {'qa_outputs': ...})."""
-  name = HEAD_PARAM[head.task]
+  name = head_param(cfg, head.task)
   dense = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
   variables = dense.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
   return {name: jax.tree_util.tree_map(np.asarray, nn.unbox(variables['params']))}
@@ -283,17 +328,19 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
   """A head model's params: the encoder (and pooler if the task has one) from a pre-trained
   tree (`BertForPreTraining` layout, extra groups ignored) plus `head_params` or, when none,
   a freshly initialised head with a warning saying so."""
-  groups = ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
+  groups = encoder_groups(cfg, head)
   missing = [g for g in groups if g not in encoder_params]
   if missing:
     raise ValueError(f'{source}: parameters lack {missing}; expected a BertForPreTraining '
-                     'tree (embeddings, encoder, pooler)')
+                     f'tree ({", ".join(groups)})')
   params = {g: encoder_params[g] for g in groups}
   if head_params is None:
-    name = HEAD_PARAM[head.task]
+    name = head_param(cfg, head.task)
+    init = (f'truncated N(0, {cfg.hidden_size ** -0.5:.3g})' if cfg.arch == 'modern'
+            else f'N(0, {cfg.initializer_range:g})')
     logging.warning('%s has no %s head for %s with %d labels: initialised fresh '
-                    '(N(0, %g), zero bias); fine-tune before predicting.', source, name,
-                    head.task, head.num_labels, cfg.initializer_range)
+                    '(%s, zero bias); fine-tune before predicting.', source, name,
+                    head.task, head.num_labels, init)
     head_params = init_head(cfg, head, rng if rng is not None else jax.random.key(0))
   params.update(head_params)
   return params

@@ -1,0 +1,156 @@
+"""Attention cores, masks and rotary positions of the encoder's layers: pure functions, no
+parameters (the projections live in encoder.py).
+
+Three cores:
+- `global_attention`: every key of the row (BERT, and ModernBERT's global layers), through
+  `jax.nn.dot_product_attention` so accelerators can use fused kernels;
+- `local_attention`: ModernBERT's sliding window, keys with |i - j| <= window // 2
+  (transformers' `sliding_window_bidirectional_overlay` with `sliding_window =
+  local_attention // 2`), computed over chunks of window // 2 queries against their three
+  neighbouring key chunks, so scores take B·S·heads·(3/2)·window memory, not B·S²·heads;
+  rows shorter than four chunks use the same band as a dense mask;
+- dropout on the probabilities when training with `attention_dropout > 0` (no fused kernel).
+
+Masks follow BERT's rule in unpacked rows (padding masks keys only, as HF does) and give
+packed rows (segment ids, pretraining/features.py) a block-diagonal mask, so each instance
+sees exactly what it would see alone; the window applies within the row by index distance,
+which within one instance is its position distance.
+
+RoPE is transformers' `ModernBertRotaryEmbedding` + `apply_rotary_pos_emb` (rotate-half
+convention, frequencies theta^(-2i/d), rotation in float32), from `position_ids`, which packed
+rows restart per instance.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+# Local layers switch from a dense band mask to chunks at this many chunks per row.
+MIN_CHUNKS = 4
+
+
+@struct.dataclass
+class AttentionInputs:
+  """What every layer's attention needs, computed once per forward pass."""
+  mask: jax.Array  # bool, broadcastable to [B, 1, S, S]: True where attention is allowed
+  groups: jax.Array  # [B, S] int: packed segment ids (0 = padding) or the input mask
+  rope_global: tuple[jax.Array, jax.Array] | None  # (cos, sin) [B, S, head_dim], float32
+  rope_local: tuple[jax.Array, jax.Array] | None
+  packed: bool = struct.field(pytree_node=False, default=False)
+
+
+def attention_mask(input_mask: jax.Array | None, packed_segment_ids: jax.Array | None,
+                   batch: int, length: int) -> jax.Array:
+  """Boolean mask, broadcastable to [B, heads, S_q, S_k], True where attention is allowed.
+
+  Padding masks only keys, as HF does (padded queries still produce finite outputs).
+  Packed rows attend only within their own instance; padding (segment 0) attends nowhere,
+  which `jax.nn.dot_product_attention` turns into a finite uniform average.
+  """
+  if packed_segment_ids is not None:
+    seg = packed_segment_ids
+    same = seg[:, :, None] == seg[:, None, :]
+    return (same & (seg[:, None, :] > 0))[:, None, :, :]
+  if input_mask is None:
+    return jnp.ones((batch, 1, 1, length), bool)
+  return (input_mask > 0)[:, None, None, :]
+
+
+def token_groups(input_mask, packed_segment_ids, batch: int, length: int) -> jax.Array:
+  """Per-token group ids for the local core: packed segment ids, else 1 = real, 0 = pad."""
+  if packed_segment_ids is not None:
+    return packed_segment_ids.astype(jnp.int32)
+  if input_mask is None:
+    return jnp.ones((batch, length), jnp.int32)
+  return (input_mask > 0).astype(jnp.int32)
+
+
+def rope_tables(position_ids: jax.Array, head_dim: int, theta: float):
+  """(cos, sin) [B, S, head_dim] in float32, as `ModernBertRotaryEmbedding.forward`."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = position_ids[..., None].astype(jnp.float32) * inv_freq
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, S, heads, head_dim] rotated in float32, returned in x's dtype (HF's rule)."""
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  return (xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
+
+
+def _dropout(probs, rate: float, key):
+  if key is None or rate == 0.0:
+    return probs
+  keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
+  return jnp.where(keep, probs / (1.0 - rate), 0.0)
+
+
+def _softmax_attention(q, k, v, mask, dropout_rate: float, key, eq_scores: str, eq_out: str):
+  scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1])).astype(q.dtype)
+  logits = jnp.einsum(eq_scores, q * scale, k, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = _dropout(jax.nn.softmax(logits, axis=-1), dropout_rate, key)
+  return jnp.einsum(eq_out, probs.astype(v.dtype), v)
+
+
+def global_attention(q, k, v, mask, *, dropout_rate: float = 0.0, key=None,
+                     implementation: str | None = None):
+  """q, k, v [B, S, heads, d] -> [B, S, heads, d] over every allowed key of the row."""
+  if key is None or dropout_rate == 0.0:
+    if implementation == 'cudnn':  # cuDNN takes a mask of every query row, not [B,1,1,S]
+      mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q.shape[1], k.shape[1]))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+  return _softmax_attention(q, k, v, mask, dropout_rate, key, 'bqhd,bkhd->bhqk',
+                            'bhqk,bkhd->bqhd')
+
+
+def band(length: int, half_window: int) -> jax.Array:
+  """[S, S] True where |i - j| <= half_window."""
+  i = jnp.arange(length)
+  return jnp.abs(i[:, None] - i[None, :]) <= half_window
+
+
+def local_attention(q, k, v, mask, groups, *, half_window: int, packed: bool,
+                    dropout_rate: float = 0.0, key=None, implementation: str | None = None):
+  """Sliding-window attention: each query sees the allowed keys within `half_window`."""
+  length = q.shape[1]
+  if length < MIN_CHUNKS * half_window:
+    return global_attention(q, k, v, mask & band(length, half_window), dropout_rate=dropout_rate,
+                            key=key, implementation=implementation)
+  return _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key)
+
+
+def _neighbours(x):
+  """[B, n, c, ...] -> [B, n, 3c, ...]: each chunk with its previous and next (zeros past the
+  ends, which read as padding keys)."""
+  zero = jnp.zeros_like(x[:, :1])
+  prev = jnp.concatenate([zero, x[:, :-1]], axis=1)
+  nxt = jnp.concatenate([x[:, 1:], zero], axis=1)
+  return jnp.concatenate([prev, x, nxt], axis=2)
+
+
+def _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key):
+  batch, length, heads, dim = q.shape
+  c = half_window
+  pad = (-length) % c
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(x, widths) for x in (q, k, v))
+    groups = jnp.pad(groups, ((0, 0), (0, pad)))  # group 0: padding, never a key
+  n = (length + pad) // c
+  chunks = lambda x: x.reshape((batch, n, c) + x.shape[2:])
+  qc, kw, vw = chunks(q), _neighbours(chunks(k)), _neighbours(chunks(v))
+  gq, gk = chunks(groups), _neighbours(chunks(groups))
+  # Query a of a chunk and key j of its 3c neighbours are (j - c) - a apart, for every chunk.
+  a, j = jnp.arange(c)[:, None], jnp.arange(3 * c)[None, :]
+  allowed = (jnp.abs(j - c - a) <= half_window)[None, None] & (gk[:, :, None, :] > 0)
+  if packed:
+    allowed &= gq[:, :, :, None] == gk[:, :, None, :]
+  out = _softmax_attention(qc, kw, vw, allowed[:, :, None], dropout_rate, key,
+                           'bnqhd,bnkhd->bnhqk', 'bnhqk,bnkhd->bnqhd')
+  return out.reshape(batch, n * c, heads, dim)[:, :length]
