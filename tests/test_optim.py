@@ -6,9 +6,14 @@ References (the algorithms, re-typed here from their published source):
   (`LAMBStage1Functor`, `LAMBStage2Functor`, `multi_tensor_lamb_cuda`);
 - NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT/schedulers.py
   `PolyWarmUpScheduler`, run_pretraining.py (`no_decay`, FusedLAMB defaults) and
-  scripts/run_pretraining.sh (the recipe's numbers).
+  scripts/run_pretraining.sh (the recipe's numbers);
+- AnswerDotAI/ModernBERT src/scheduler.py (`WarmupStableDecayScheduler`,
+  `OneMinusSqrtScheduler`), main.py (`build_optimizer`, `param_groups_weight_decay`) and
+  torch-optimi 0.2.1 optimi/stableadamw.py (`stableadamw`, `_foreach_stableadamw`), which
+  the StableAdamW tests also run directly.
 """
 
+import math
 import re
 
 import jax
@@ -21,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from bert_jax.model.encoder import BertConfig, init_params
 from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import optim
-from configs import bert_large
+from configs import bert_large, common
 
 
 def reference_bert_lr(step, peak, warmup, total):
@@ -341,4 +346,318 @@ def test_lamb_moments_shard_like_their_params():
   config.model.size, config.mesh = 'tiny', (2, 2, 2)
   shardings = pretrain_step.setup(config).shardings
   for moments in (shardings.opt_state[1].mu, shardings.opt_state[1].nu):
+    assert moments['encoder']['layers']['intermediate']['kernel'].spec == P(None, 'fsdp', 'tensor')
+
+
+# ------------------------------------------------------------------ ModernBERT's wsd schedule
+
+
+def modernbert_lr(t, peak, warmup, decay, total, alpha_f, shape):
+  """ModernBERT src/scheduler.py at state.timestamp = t, re-typed: warmup is composer's
+  LinearScheduler(alpha_i=1e-10, alpha_f=1.0); then `WarmupStableDecayScheduler` (linear)
+  or `OneMinusSqrtScheduler`'s formula (1-sqrt)."""
+  if t < warmup:
+    return peak * (1e-10 + min(1.0, t / warmup) * (1.0 - 1e-10))
+  if t < total - decay:
+    return peak
+  x = (t - (total - decay)) / decay
+  if shape == 'linear':
+    return peak * max(0.0, 1.0 - x * (1.0 - alpha_f))
+  return peak * max(alpha_f, alpha_f + (1.0 - alpha_f) * (1.0 - math.sqrt(x)))
+
+
+# peak 1e-3, 10 warmup steps, 100 steps, the last 20 decaying (from step 80); by hand.
+WSD_POINTS = {  # step: (linear, 1-sqrt) for final_lr_ratio 0, then for 0.1
+    0: ((1e-13, 1e-13), (1e-13, 1e-13)),  # composer's warmup starts at 1e-10 x peak
+    5: ((5e-4, 5e-4), (5e-4, 5e-4)),
+    10: ((1e-3, 1e-3), (1e-3, 1e-3)),
+    79: ((1e-3, 1e-3), (1e-3, 1e-3)),
+    80: ((1e-3, 1e-3), (1e-3, 1e-3)),  # decay start: progress 0
+    90: ((5e-4, 1e-3 * (1 - 0.5 ** 0.5)), (5.5e-4, 1e-4 + 9e-4 * (1 - 0.5 ** 0.5))),
+    99: ((5e-5, 1e-3 * (1 - 0.95 ** 0.5)), (1.45e-4, 1e-4 + 9e-4 * (1 - 0.95 ** 0.5))),
+    100: ((0.0, 0.0), (1e-4, 1e-4)),
+}
+
+
+@pytest.mark.parametrize('final', [0.0, 0.1])
+@pytest.mark.parametrize('shape', ['linear', '1-sqrt'])
+def test_wsd_schedule_equals_hand_computed_values(shape, final):
+  schedule = optim.learning_rate_schedule('wsd', 1e-3, 10, 100, decay_proportion=0.2,
+                                          decay_shape=shape, final_lr_ratio=final)
+  for step, values in WSD_POINTS.items():
+    expected = values[final == 0.1][shape == '1-sqrt']
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=2e-6, atol=1e-12,
+                               err_msg=f'step {step}')
+
+
+@pytest.mark.parametrize('warmup,proportion,total,final,shape', [
+    (10, 0.2, 100, 0.0, 'linear'),
+    (7, 0.3, 50, 0.02, '1-sqrt'),
+    (0, 1.0, 60, 0.001, '1-sqrt'),  # modernbert-*-learning-rate-decay.yaml: decay all run
+    (12, 0.0, 40, 0.0, 'linear')])  # modernbert-*-pretrain.yaml: t_decay 0, no decay
+def test_wsd_schedule_equals_modernberts_at_every_step(warmup, proportion, total, final, shape):
+  """Our count c (updates applied) is composer's state.timestamp; float32 arithmetic."""
+  schedule = optim.learning_rate_schedule('wsd', 8e-4, warmup, total, decay_proportion=proportion,
+                                          decay_shape=shape, final_lr_ratio=final)
+  decay = round(proportion * total)
+  ours = [float(schedule(c)) for c in range(total)]
+  ref = [modernbert_lr(c, 8e-4, warmup, decay, total, final, shape) for c in range(total)]
+  np.testing.assert_allclose(ours, ref, rtol=2e-6, atol=1e-7 * 8e-4)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(decay_proportion=1.5), 'optimizer.decay_proportion=1.5'),
+    (dict(decay_proportion=0.95), r'warmup of 10 steps .* decay of 95 .* exceed'),
+    (dict(decay_shape='cosine'), "optimizer.decay_shape='cosine'"),
+    (dict(final_lr_ratio=2.0), 'optimizer.final_lr_ratio=2.0')])
+def test_wsd_errors_name_the_field(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    optim.learning_rate_schedule('wsd', 1e-3, 10, 100, **kwargs)
+
+
+def test_from_config_reads_old_configs_without_the_new_fields():
+  """config.json of runs from before wsd / stable_adamw: the same optimizer as today's
+  defaults, which leave existing runs unchanged (bert schedule, adamw_bert)."""
+  import ml_collections
+  new = common.optimizer_block()
+  old = ml_collections.ConfigDict({k: new[k] for k in (
+      'name', 'learning_rate', 'schedule', 'warmup_steps', 'weight_decay', 'b1', 'b2', 'eps',
+      'clip_norm')})
+  assert (new.name, new.schedule) == ('adamw_bert', 'bert')
+  params = {'dense': {'kernel': jnp.ones((3, 4)), 'bias': jnp.ones(4)}}
+  grads = jax.tree_util.tree_map(lambda p: p * 0.5, params)
+  outs = []
+  for cfg in (old, new):
+    tx, schedule = optim.from_config(cfg, 1000)
+    outs.append((float(schedule(500)), tx.update(grads, tx.init(params), params)[0]))
+  assert outs[0][0] == outs[1][0]
+  jax.tree_util.tree_map(np.testing.assert_array_equal, outs[0][1], outs[1][1])
+
+
+# ------------------------------------------------------------------ ModernBERT's StableAdamW
+
+
+def optimi_stableadamw_step(p, g, m, v, step, lr, max_lr, decay, b1, b2, eps):
+  """torch-optimi 0.2.1 `stableadamw` + `_foreach_stableadamw` with decouple_lr=True, on lists
+  of tensors, in place; returns each tensor's rms."""
+  debias = lambda beta: (beta ** step - beta) / (beta ** step - 1)  # optimi/utils.py
+  b1_hat, b2_hat = debias(b1), debias(b2)
+  rms = []
+  for i in range(len(p)):
+    m[i] = m[i] + (1 - b1_hat) * (g[i] - m[i])  # exp_avg.lerp_(grad, beta1_comp)
+    v[i] = v[i] * b2_hat + (1 - b2_hat) * g[i] * g[i]
+    rms.append(np.sqrt(np.mean(g[i] ** 2 / np.maximum(v[i], eps ** 2))))
+    lr_i = lr / max(1.0, rms[-1])
+    if decay[i]:
+      p[i] = p[i] * (1 - (lr_i / max_lr) * decay[i])
+    p[i] = p[i] - lr_i * m[i] / (np.sqrt(v[i]) + eps)
+  return rms
+
+
+def torch_tensors(tree, fuse_qkv):
+  """{name: (flat float64 array, torch ndim)}: the tensors ModernBERT's torch model holds. A
+  scanned [L, ...] stack is L tensors; with `fuse_qkv` one layer's query, key and value
+  kernels (biases) are one `Wqkv` weight (bias). Adam is elementwise and the rms a mean, so
+  the order inside a fused tensor does not matter."""
+  out = {}
+  for name, x in as_tensors(tree).items():
+    parts = name.split('/')
+    ndim = x.ndim
+    if fuse_qkv and len(parts) >= 3 and parts[-2].split('[')[0] in ('query', 'key', 'value'):
+      parts[-2] = 'Wqkv'
+      ndim = 2 if parts[-1].startswith('kernel') else 1
+    key = '/'.join(parts)
+    prev = out.get(key, (np.zeros(0), ndim))[0]
+    out[key] = (np.concatenate([prev, x.ravel()]), ndim)
+  return out
+
+
+def modernbert_decay(name, ndim, rate):
+  """main.py `param_groups_weight_decay` (timm): no decay where ndim <= 1 or '.bias'; our
+  attention biases are [heads, head_dim] (torch: 1-D), hence the name test on them."""
+  return 0.0 if ndim <= 1 or name.split('[')[0].endswith('bias') else rate
+
+
+def stable_grads(params, seed=3):
+  """Steps 1 and 3 at the leaves' own scales (3: clipped, v still remembers step 2), step 2
+  1e-5 of that (never clipped), step 4 layer 1 x 3 (clipped) and layer 0 x 1e-3 (not)."""
+  grads = random_grads(params, 3, seed)
+
+  def layer_split(path, g):
+    names = [str(k.key) for k in path]
+    if names[:2] == ['encoder', 'layers']:
+      return np.stack([g[0] * 1e-3, g[1] * 3])
+    if names[0] == 'encoder' and names[1].startswith('layer_'):
+      return g * (1e-3 if names[1] == 'layer_0' else 3)
+    return g
+
+  return grads + [jax.tree_util.tree_map_with_path(layer_split, grads[2])]
+
+
+def numpy_stable_reference(params, grads, lrs, fuse_qkv, wd, b1=0.9, b2=0.98, eps=1e-6):
+  """optimi's StableAdamW in float64 on ModernBERT's tensors and param groups, max_lr = lrs[0]
+  (the peak): the final tensors and, per step, each tensor's rms (> 1: clipped)."""
+  start = torch_tensors(params, fuse_qkv)
+  names = list(start)
+  decay = [modernbert_decay(n, start[n][1], wd) for n in names]
+  p = [start[n][0].copy() for n in names]
+  m, v = [np.zeros_like(x) for x in p], [np.zeros_like(x) for x in p]
+  rms = []
+  for k, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    tensors = torch_tensors(g, fuse_qkv)
+    r = optimi_stableadamw_step(p, [tensors[n][0] for n in names], m, v, k, lr, lrs[0], decay,
+                                b1, b2, eps)
+    rms.append(dict(zip(names, r)))
+  return dict(zip(names, p)), rms
+
+
+def optimi_stable_reference(params, grads, lrs, fuse_qkv, wd, b1=0.9, b2=0.98, eps=1e-6):
+  """torch-optimi's own StableAdamW (foreach: the code ModernBERT's src/optimizer.py copies),
+  float32, with main.py's two param groups and max_lr left to default to lrs[0]."""
+  import optimi  # torch-optimi, requirements-dev.txt
+  import torch
+  start = torch_tensors(params, fuse_qkv)
+  names = list(start)
+  tensors = {n: torch.nn.Parameter(torch.tensor(start[n][0], dtype=torch.float32))
+             for n in names}
+  no_decay = {n for n in names if not modernbert_decay(n, start[n][1], wd)}
+  groups = [{'params': [tensors[n] for n in names if n in no_decay], 'weight_decay': 0.0},
+            {'params': [tensors[n] for n in names if n not in no_decay], 'weight_decay': wd}]
+  opt = optimi.StableAdamW(groups, lr=lrs[0], betas=(b1, b2), eps=eps, weight_decay=wd,
+                           decouple_lr=True, foreach=True)
+  assert all(g['max_lr'] == lrs[0] for g in opt.param_groups)
+  for g, lr in zip(grads, lrs):
+    step = torch_tensors(g, fuse_qkv)
+    for n in names:
+      tensors[n].grad = torch.tensor(step[n][0], dtype=torch.float32)
+    for group in opt.param_groups:
+      group['lr'] = lr  # as composer's LambdaLR sets it
+    opt.step()
+  return {n: tensors[n].detach().numpy().astype(np.float64) for n in names}
+
+
+def assert_same_updates(ours, ref, start, steps):
+  """Whole updates p_T - p_0 per tensor, bounded as in the 5-step LAMB/AdamW test."""
+  ulp = np.finfo(np.float32).eps
+  for n, x in ref.items():
+    ref_delta, our_delta = x - start[n][0], ours[n][0] - start[n][0]
+    bound = 1e-4 * np.max(np.abs(ref_delta)) + steps * ulp * np.max(np.abs(x))
+    assert np.max(np.abs(ref_delta)) > 0, n
+    assert np.max(np.abs(our_delta - ref_delta)) <= bound, n
+
+
+def stable_recipe(fuse_qkv, wd=0.1):
+  """ModernBERT's optimizer block (yamls/modernbert/*.yaml) through our config, with a
+  1-sqrt decay that moves the rate within 4 steps (1, 1, 0.42, 0.18 x peak), and a decay
+  large enough to see (ModernBERT's 1e-5 would vanish in round-off)."""
+  return common.optimizer_block(
+      name='stable_adamw', learning_rate=1e-2, b1=0.9, b2=0.98, eps=1e-6, weight_decay=wd,
+      clip_norm=0.0, fuse_qkv_rms=fuse_qkv, schedule='wsd', warmup_steps=0,
+      decay_proportion=0.75, decay_shape='1-sqrt', final_lr_ratio=0.0)
+
+
+@pytest.mark.filterwarnings('ignore:You are using weight_decay=0.1')  # optimi: high on purpose
+@pytest.mark.parametrize('scan_layers', [True, False], ids=['scanned', 'unrolled'])
+@pytest.mark.parametrize('arch', ['bert', 'modern'])
+@pytest.mark.parametrize('reference', ['numpy', 'optimi'])
+def test_stable_adamw_matches_optimi_over_four_steps(reference, arch, scan_layers):
+  """Both tiny trees, via from_config; modern fuses q/k/v as FlexBERT's Wqkv. The reference's
+  own rms shows both regimes are exercised: nothing clipped at steps 1-2, most tensors at
+  step 3, at step 4 every layer-1 tensor and no layer-0 one (per layer slice)."""
+  cfg = BertConfig.from_preset('tiny', arch=arch, scan_layers=scan_layers)
+  params = init_params(cfg, jax.random.key(0))
+  grads = stable_grads(params)
+  fuse = arch == 'modern'
+  tx, schedule = optim.from_config(stable_recipe(fuse), 4)
+  lrs = [modernbert_lr(c, 1e-2, 0, 3, 4, 0.0, '1-sqrt') for c in range(4)]
+  np.testing.assert_allclose([float(schedule(c)) for c in range(4)], lrs, rtol=1e-6)
+  ours = torch_tensors(run_ours(tx, params, grads), fuse)
+  ref, rms = numpy_stable_reference(params, grads, lrs, fuse, wd=0.1)
+  assert max(max(r.values()) for r in rms[:2]) <= 1 + 1e-6
+  assert np.mean([r > 1 for r in rms[2].values()]) > 0.5
+  layer = lambda n, i: ('/layers/' in n and n.endswith(f'[{i}]')) or f'/layer_{i}/' in n
+  for i, clipped in ((0, False), (1, True)):
+    assert {rms[3][n] > 1 for n in rms[3] if layer(n, i)} == {clipped}, i
+  if reference == 'optimi':
+    ref = optimi_stable_reference(params, grads, lrs, fuse, wd=0.1)
+  assert_same_updates(ours, ref, torch_tensors(params, fuse), len(grads))
+
+
+def test_stable_adamw_clips_each_layer_slice_by_hand():
+  """A [2, 8, 8] stack and a plain kernel + bias, 2 steps, lr 0.1 = max_lr, wd 0.05.
+  Step 1 by hand: m = g, v = g^2, rms = 1 (no clip): p - 0.1 g / (|g| + eps) - 0.05 p
+  (fully decoupled: lr / max_lr x wd), biases without the last term.
+  Step 2: layer 0 gets 1e-3 x, layer 1 5 x its step-1 gradient: layer 1's rms is
+  sqrt(25 / (b2_hat + 25 (1 - b2_hat))) = 1.3803 (b2_hat = 0.98 / 1.98), so it moves 1.38 x
+  less than unclipped, layer 0 not at all less; one rms pooled over the stack (optax-style, one
+  leaf one tensor) would be 0.98 and clip neither."""
+  rng = np.random.default_rng(0)
+  params = {'encoder': {'layers': {'output': {'kernel': rng.standard_normal((2, 8, 8))}}},
+            'dense': {'kernel': rng.standard_normal((4, 3)), 'bias': rng.standard_normal(3)}}
+  params = jax.tree_util.tree_map(lambda x: x.astype(np.float32), params)
+  g1 = jax.tree_util.tree_map(lambda x: rng.standard_normal(x.shape).astype(np.float32), params)
+  g2 = jax.tree_util.tree_map(lambda x: x * 0.5, g1)  # dense: rms < 1
+  g2['encoder']['layers']['output']['kernel'] = g1['encoder']['layers']['output']['kernel'] * (
+      np.array([1e-3, 5.0], np.float32)[:, None, None])
+  tx = optim.make_optimizer('stable_adamw', lambda _: 0.1, weight_decay=0.05, max_lr=0.1,
+                            b2=0.98, clip_norm=None)
+  state = tx.init(params)
+  u1, state = tx.update(g1, state, params)
+  p1 = optax.apply_updates(params, u1)
+  leaves = zip(jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(g1),
+               jax.tree_util.tree_leaves(p1))
+  for (path, p), g, new in leaves:
+    decay = 0.0 if path[-1].key == 'bias' else 0.05
+    np.testing.assert_allclose(new, p - 0.1 * g / (np.abs(g) + 1e-6) - decay * p, rtol=1e-5,
+                               atol=1e-6, err_msg=jax.tree_util.keystr(path))
+  u2, _ = tx.update(g2, state, p1)
+  b2_hat = 0.98 / 1.98
+  assert math.sqrt(25 / (b2_hat + 25 * (1 - b2_hat))) == pytest.approx(1.3803, abs=1e-4)
+  ref, rms = numpy_stable_reference(params, [g1, g2], [0.1, 0.1], False, wd=0.05)
+  assert rms[1]['encoder/layers/output/kernel[1]'] == pytest.approx(1.3803, abs=1e-4)
+  assert rms[1]['encoder/layers/output/kernel[0]'] < 1
+  assert rms[1]['dense/kernel'] < 1
+  ours = torch_tensors(optax.apply_updates(p1, u2), False)
+  assert_same_updates(ours, ref, torch_tensors(params, False), 2)
+  # Per layer slice, not pooled: pooled, layer 1 would not be clipped.
+  kernel = lambda t: t['encoder']['layers']['output']['kernel']
+  v = b2_hat * kernel(g1) ** 2 + (1 - b2_hat) * kernel(g2) ** 2
+  pooled = math.sqrt(np.mean(kernel(g2) ** 2 / v))
+  per_layer = np.sqrt(np.mean(kernel(g2) ** 2 / v, axis=(1, 2)))
+  assert pooled == pytest.approx(0.976, abs=1e-3) and per_layer[0] < 1 < per_layer[1]
+  m = 0.9 / 1.9 * kernel(g1) + 1 / 1.9 * kernel(g2)  # b1_hat = 0.9 / 1.9
+  unclipped = -0.1 * (m / (np.sqrt(v) + 1e-6) + 0.5 * kernel(p1))  # wd / max_lr = 0.5
+  np.testing.assert_allclose(kernel(u2)[0], unclipped[0], rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(kernel(u2)[1], unclipped[1] / per_layer[1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize('scan_layers', [True, False], ids=['scanned', 'unrolled'])
+@pytest.mark.parametrize('arch', ['bert', 'modern'])
+def test_decay_mask_is_modernberts_rule(arch, scan_layers):
+  """main.py `param_groups_weight_decay` on the torch tensors (ndim <= 1 or a bias), and for
+  BERT still google-research/bert's rule: the 'norm' names cover ModernBERT's final_norm."""
+  cfg = BertConfig.from_preset('tiny', arch=arch, scan_layers=scan_layers)
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  mask = dict(jax.tree_util.tree_leaves_with_path(optim.decay_mask(params)))
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = '/'.join(str(k.key) for k in path)
+    ndim = leaf.ndim - optim.is_layer_stacked(path)
+    assert mask[path] == bool(modernbert_decay(name, ndim, 1.0)), name
+    if arch == 'bert':
+      assert mask[path] == bool(reference_decay(name)), name
+  if arch == 'modern':
+    assert not optim.decay_mask(params)['encoder']['final_norm']['scale']
+
+
+def test_stable_adamw_needs_the_peak_for_its_decay():
+  with pytest.raises(ValueError, match='max_lr'):
+    optim.make_optimizer('stable_adamw', lambda _: 1e-3, weight_decay=1e-5)
+
+
+def test_stable_adamw_moments_shard_like_their_params():
+  config = bert_large.get_config('lamb_phase1')
+  config.model.size, config.mesh = 'tiny', (2, 2, 2)
+  config.optimizer.update(stable_recipe(fuse_qkv=False, wd=1e-5))
+  state = pretrain_step.setup(config).shardings.opt_state[0]
+  for moments in (state.mu, state.nu):
     assert moments['encoder']['layers']['intermediate']['kernel'].spec == P(None, 'fsdp', 'tensor')
