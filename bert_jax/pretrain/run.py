@@ -11,19 +11,22 @@ last checkpoint stays the last good one. The loop dispatches steps back to back.
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import tempfile
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
 from bert_jax.convert import start_points
 from bert_jax.model import flops
-from bert_jax.training import checkpointing, progress, setup as run_setup
+from bert_jax.training import batch_schedule, checkpointing, progress, setup as run_setup
 from bert_jax.training import sharding as shd
 from bert_jax.training.loop import Hooks, Loop
 from bert_jax.training.metric_writer import MetricWriter
@@ -108,11 +111,32 @@ def _initial_state(setup: run_setup.RunSetup):
 
 
 def _train_iterator(config, seed: int) -> data_lib.DataIterator:
-  batch_size = per_process_batch(config.train.global_batch_size)
+  """Reader batches of one `batch_schedule` unit of global rows (the whole global batch
+  without batch-size warmup), divided over the processes."""
+  unit = batch_schedule.from_config(config.train, jax.process_count()).unit
+  batch_size = per_process_batch(unit)
   ds = data_lib.make_dataset(
       reader_config(config, config.data.train_files, batch_size, seed), training=True,
       process_index=jax.process_index(), process_count=jax.process_count())
   return data_lib.DataIterator(ds, config.data.train_files)
+
+
+def _check_reader_batch(config, workdir: str, step: int) -> None:
+  """A data position restores only into a reader of the batch size that saved it (tf.data
+  fails on its saved prefetched batches with a shape error): compared with the config the
+  workdir's last run wrote."""
+  path = fs.join(workdir, 'config.json')
+  if not fs.exists(path):
+    return
+  saved = ml_collections.ConfigDict(json.loads(fs.read_text(path))['train'])
+  before, now = (batch_schedule.from_config(t, jax.process_count()).unit
+                 for t in (saved, config.train))
+  if before != now:
+    raise ValueError(
+        f'{checkpointing.checkpoint_dir(workdir)}/{step}: its data position was saved reading '
+        f'batches of {before} global rows, this run reads {now} (train.global_batch_size, or '
+        'train.batch_warmup_increment / batch_warmup_min_size while batch_warmup_steps > 0); '
+        f'the position cannot carry over. Resume with the train settings in {path}.')
 
 
 def _resume(setup: run_setup.RunSetup, manager, workdir: str):
@@ -129,6 +153,7 @@ def _resume(setup: run_setup.RunSetup, manager, workdir: str):
     return None, _train_iterator(config, config.seed)
   saved = checkpointing.data_process_count(workdir, latest)
   if saved in (None, jax.process_count()):
+    _check_reader_batch(config, workdir, latest)
     train_iter = _train_iterator(config, config.seed)
     state = checkpointing.restore(manager, latest, setup.abstract_state(), train_iter)
     logging.info('resumed from %s step %d', workdir, latest)
@@ -159,6 +184,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   manager = checkpointing.make_manager(workdir, max_to_keep=t.keep_checkpoints,
                                        keep_period=t.keep_every or None,
                                        async_save=t.async_checkpoint)
+  schedule = batch_schedule.from_config(t, jax.process_count(), math.prod(
+      setup.mesh.shape[a] for a in shd.BATCH_AXES))
+  if schedule.warmup_steps:
+    logging.info('batch-size warmup over %d steps: global batches of %s rows',
+                 schedule.warmup_steps, ', '.join(map(str, schedule.sizes())))
   state, train_iter = _resume(setup, manager, workdir)
   if jax.process_index() == 0:  # export and eval read the run's config from here; written
     # after the resume, so a config the checkpoint refuses leaves the run's own in place
@@ -170,14 +200,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   writer = MetricWriter(workdir)
   bar = progress.progress_bar(t.num_steps, step, desc='train', unit='step',
                               disable=jax.process_index() != 0)
-  hooks = _PretrainingHooks(setup, workdir, manager, train_iter, writer, bar)
-  loop = Loop(
+  hooks = _PretrainingHooks(setup, workdir, manager, train_iter, writer, bar, schedule)
+  loop = Loop(  # tokens and FLOPs per step: each batch's info (next_batch)
       setup.train_step(), hooks, preemption, writer, bar, t.log_every,
       latest_checkpoint=manager.latest_step,
-      tokens_per_step=t.global_batch_size * config.data.max_seq_length,
-      flops_per_step=flops.train_flops_per_step(
-          setup.model_cfg, t.global_batch_size, config.data.max_seq_length,
-          config.data.max_predictions_per_seq),
       peak_flops=(t.peak_flops_per_device or flops.peak_flops_per_device()) * jax.device_count())
   try:
     state, step, stopped = loop.run(state, t.num_steps)
@@ -194,14 +220,17 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
 
 
 class _PretrainingHooks(Hooks):
-  """Batches from the TFRecord reader, whose position every checkpoint saves before the next
-  batch is read (so a resumed run gets exactly the batches an uninterrupted one would);
+  """Batches from the TFRecord reader, as many of its batches a step as the batch schedule
+  says (batch-size warmup), whose position every checkpoint saves before the next batch is
+  read (so a resumed run gets exactly the batches an uninterrupted one would);
   boundaries at checkpoints, evals and profile ends; held-out eval before the checkpoint of its
   step, unless a preemption notice is agreed on first (the checkpoint comes first then)."""
 
-  def __init__(self, setup: run_setup.RunSetup, workdir: str, manager, train_iter, writer, bar):
+  def __init__(self, setup: run_setup.RunSetup, workdir: str, manager, train_iter, writer, bar,
+               schedule: batch_schedule.BatchSchedule):
     self.setup, self.workdir, self.manager, self.train_iter = setup, workdir, manager, train_iter
-    self.writer, self.progress = writer, bar
+    self.writer, self.progress, self.schedule = writer, bar, schedule
+    self._flops: dict[int, float] = {}  # model FLOPs of a step, by global batch size
     config, t = setup.config, setup.config.train
     self.eval_step = setup.eval_step() if config.data.eval_files else None
     self.profile = tuple(int(x) for x in t.profile_steps.split(',')) if t.profile_steps else None
@@ -209,11 +238,19 @@ class _PretrainingHooks(Hooks):
     self.last_eval: dict[str, float] = {}
 
   def next_batch(self, step: int):
-    """The next global batch on the devices (the copy runs asynchronously) and its real-token
-    count, from host numpy: nothing here waits on a step."""
-    local = next(self.train_iter)
-    tokens = int(local['input_mask'].sum()) * jax.process_count()
-    return shd.global_batch(local, self.setup.mesh), {'tokens': tokens}
+    """Step `step + 1`'s global batch on the devices (the copy runs asynchronously), its size
+    by the schedule, and its real and padded tokens and model FLOPs, from host numpy: nothing
+    here waits on a step."""
+    local = self.schedule.local_batch(self.train_iter, step, jax.process_count())
+    rows, d = self.schedule.batch_size_at(step), self.setup.config.data
+    new_shape = rows not in self._flops
+    if new_shape:
+      self._flops[rows] = flops.train_flops_per_step(
+          self.setup.model_cfg, rows, d.max_seq_length, d.max_predictions_per_seq)
+    info = {'tokens': int(local['input_mask'].sum()) * jax.process_count(),
+            'padded_tokens': rows * d.max_seq_length, 'flops': self._flops[rows],
+            'new_shape': new_shape}
+    return shd.global_batch(local, self.setup.mesh), info
 
   def before_step(self, step: int) -> None:
     if self.profile and step == self.profile[0] + 1:

@@ -24,7 +24,8 @@ from bert_jax.training.metric_writer import MetricWriter
 
 class Hooks:
   """What a run plugs into the loop. Batches are `(device_batch, info)`; `info` (real tokens,
-  examples) goes back to `record` with the step's metrics."""
+  examples; padded tokens, FLOPs and `new_shape` where batch sizes vary by step) counts in the
+  throughput and goes back to `record` with the step's metrics."""
 
   def next_batch(self, step: int) -> tuple[Any, dict]:
     """The batch of step `step + 1`, already on its way to the devices."""
@@ -70,22 +71,26 @@ class Loop:
   log_every: int
   latest_checkpoint: Any = lambda: None
   label: str = ''
-  tokens_per_step: int = 0  # padded tokens of a global batch (tokens_per_second)
-  flops_per_step: float | None = None  # for MFU, with peak_flops (all devices)
-  peak_flops: float | None = None
+  # Padded tokens and model FLOPs of a global batch (tokens_per_second, MFU), unless a batch's
+  # info brings its own ('padded_tokens', 'flops': batch-size warmup changes them by step).
+  tokens_per_step: int = 0
+  flops_per_step: float | None = None
+  peak_flops: float | None = None  # all devices
 
   def run(self, state, until: int):
     """(state, step, stopped): `stopped` when a preemption notice ended the run early."""
     step = self._first = int(jax.device_get(state.step))
     self._until = until
     self.last_train: dict[str, float] = {}
-    self._window = [time.time(), 0, 0, 0]  # start, steps, real tokens, examples
+    self._window = _Window()
     pending = None  # (step, device metrics, info) dispatched but not yet read
     stopped = False
     if step < until:
       batch, info = self.hooks.next_batch(step)
     while step < until:
       self.hooks.before_step(step + 1)
+      # A batch of a new shape compiles the step, in whichever window is open now.
+      self._window.compiled |= bool(info.get('new_shape'))
       state, metrics = self.train_step(state, batch)
       step += 1
       stop = self.preemption.reached()
@@ -116,25 +121,39 @@ class Loop:
     where = f'{self.label} step {step}'.strip()
     run_control.check_finite(metrics, where, self.latest_checkpoint())
     w = self._window
-    w[1] += 1
-    w[2] += info.get('tokens', 0)
-    w[3] += info.get('examples', 0)
+    w.steps += 1
+    w.tokens += info.get('tokens', 0)
+    w.examples += info.get('examples', 0)
+    w.padded_tokens += info.get('padded_tokens', self.tokens_per_step)
+    w.flops += info.get('flops', self.flops_per_step or 0.0)
     self.progress.update(1)
     self.progress.set_postfix(**self.hooks.postfix(metrics), refresh=False)
     self.hooks.record(step, metrics, info)
     if step % self.log_every and step != self._until:
       return
-    seconds = max(time.time() - w[0], 1e-9)
-    metrics['steps_per_second'] = w[1] / seconds
-    if self.tokens_per_step:
-      metrics['tokens_per_second'] = w[1] * self.tokens_per_step / seconds
-    if w[2]:
-      metrics['nonpadding_tokens_per_second'] = w[2] / seconds
-    if w[3]:
-      metrics['examples_per_second'] = w[3] / seconds
-    if self.flops_per_step and self.peak_flops and step - self._first > w[1]:
+    seconds = max(time.time() - w.start, 1e-9)
+    metrics['steps_per_second'] = w.steps / seconds
+    if w.padded_tokens:
+      metrics['tokens_per_second'] = w.padded_tokens / seconds
+    if w.tokens:
+      metrics['nonpadding_tokens_per_second'] = w.tokens / seconds
+    if w.examples:
+      metrics['examples_per_second'] = w.examples / seconds
+    if w.flops and self.peak_flops and step - self._first > w.steps and not w.compiled:
       # the window did not include compilation
-      metrics['mfu'] = self.flops_per_step * w[1] / seconds / self.peak_flops
+      metrics['mfu'] = w.flops / seconds / self.peak_flops
     self.writer.write(step, metrics, 'train/')
     self.last_train = metrics
-    self._window = [time.time(), 0, 0, 0]
+    self._window = _Window()
+
+
+@dataclasses.dataclass
+class _Window:
+  """The steps since the last log line, for their throughput."""
+  start: float = dataclasses.field(default_factory=time.time)
+  steps: int = 0
+  tokens: int = 0  # real (non-padding)
+  examples: int = 0
+  padded_tokens: int = 0
+  flops: float = 0.0
+  compiled: bool = False  # a batch of a new shape was dispatched in it: no MFU
