@@ -5,6 +5,7 @@ tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from bert_jax.training import sharding
 
@@ -19,6 +20,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.vocab_size = 30522  # must equal the tokenizer's
   c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
   c.model.num_layers = 0  # 0: the size's depth; N: the size's width with N layers
+  # bert | modern: ModernBERT's block (pre-norm, no biases, GeGLU, RoPE, local/global
+  # attention, final norm; no pooler or sentence head: data.sentence_objective=none).
+  c.model.arch = 'bert'
+  # Each architecture switch alone (None = the arch's value; bert_jax/model/encoder.py):
+  c.model.norm_position = placeholder(str)  # post | pre
+  c.model.use_bias = placeholder(bool)  # biases in linear layers and norms
+  c.model.mlp = placeholder(str)  # mlp | glu (GeGLU)
+  c.model.positions = placeholder(str)  # learned | rope
+  c.model.global_attention_every = placeholder(int)  # 1 = all global; N: local between
+  c.model.local_window = placeholder(int)  # tokens a local layer sees (half each side)
+  c.model.global_rope_theta = placeholder(float)  # phase 2 of long context raises it
+  c.model.local_rope_theta = placeholder(float)
+  c.model.intermediate_size = 0  # 0: the size's (a GLU on a BERT size: same parameters)
 
   c.data = ml_collections.ConfigDict()
   c.data.train_files = ''  # comma-separated globs of TFRecords (create_pretraining_data)
@@ -29,6 +43,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_instances_per_row = 3  # K of the packed rows
   c.data.shuffle_buffer = 10_000
   c.data.dynamic_masking = False  # RoBERTa-style fresh masks (unpacked records only)
+  # Share of tokens dynamic masking predicts (80/10/10 as always); 0.3 is ModernBERT's. Records
+  # carry the rate create_pretraining_data --masked_lm_prob wrote them with.
+  c.data.masked_lm_prob = 0.15
   c.data.whole_word_masking = False  # with dynamic_masking (needs vocab_file or spm_model)
   c.data.pack = False  # pack unpacked records on the fly into rows of K instances
   c.data.pack_window = 1024  # records the on-the-fly packer sees at once
@@ -45,6 +62,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = train_block(global_batch_size=256, log_every=100)
   c.train.accum_steps = 1  # micro-batches per step: batch 256 on any machine
+  # Batch-size warmup (ModernBERT; bert_jax/training/batch_schedule.py): the global batch
+  # grows from min_size by increment (0 = min_size) to global_batch_size, each size held for
+  # an equal share of the warmup steps, each compiled once. 0 steps = off.
+  c.train.batch_warmup_steps = 0
+  c.train.batch_warmup_min_size = 0  # global rows of the first steps
+  c.train.batch_warmup_increment = 0  # divides min_size and global_batch_size
   c.train.num_steps = 900_000
   c.train.eval_every = 10_000
   c.train.eval_steps = 100  # batches per eval (fewer if the eval files end first)
@@ -84,16 +107,23 @@ def model_block() -> ml_collections.ConfigDict:
 def optimizer_block(**defaults) -> ml_collections.ConfigDict:
   """The optimizer and its schedule (bert_jax/training/optim.py); `defaults` set the family's."""
   o = ml_collections.ConfigDict()
-  o.name = 'adamw_bert'  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB)
+  # adamw_bert (the paper's code) | adamw | lamb (apex FusedLAMB) | stable_adamw (ModernBERT's
+  # optimi StableAdamW: per-tensor update clipping, decay scaled by lr / learning_rate)
+  o.name = 'adamw_bert'
   o.learning_rate = 1e-4  # peak
-  o.schedule = 'bert'  # bert (reference) | warmup_linear | constant | poly_warmup
+  # bert (reference) | warmup_linear | constant | poly_warmup | wsd (warmup, constant, decay)
+  o.schedule = 'bert'
   o.warmup_steps = 10_000
   o.warmup_proportion = 0.0  # > 0: warmup = this x the run's steps (NVIDIA's flag)
-  o.weight_decay = 0.01  # not on biases and LayerNorm
+  o.decay_proportion = 0.1  # wsd: the last share of the run spent decaying (ModernBERT t_decay)
+  o.decay_shape = 'linear'  # wsd: linear | 1-sqrt (lr = peak (1 - sqrt(progress)))
+  o.final_lr_ratio = 0.0  # wsd: lr at the end of the decay / learning_rate (ModernBERT alpha_f)
+  o.weight_decay = 0.01  # not on biases and norms
   o.b1 = 0.9
   o.b2 = 0.999
   o.eps = 1e-6
-  o.clip_norm = 1.0  # 0 disables
+  o.clip_norm = 1.0  # 0 disables (stable_adamw clips its own updates: ModernBERT uses 0)
+  o.fuse_qkv_rms = False  # stable_adamw: one clip over a layer's q, k, v (ModernBERT's Wqkv)
   o.update(defaults)
   return o
 

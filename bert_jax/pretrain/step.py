@@ -155,6 +155,11 @@ def objective(config) -> Objective:
   model_cfg = model_config(config)
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
+  if model_cfg.arch != 'bert' and sentence_objective != 'none':
+    raise ValueError(f'model.arch={model_cfg.arch!r} has no sentence head, but '
+                     f'data.sentence_objective={sentence_objective!r}: write the data with '
+                     'create_pretraining_data --next_sentence=none and set '
+                     '--config.data.sentence_objective=none')
   model = BertForPreTraining(model_cfg)
   layout = data_lib.output_layout(data_lib.reader_config(config))
   return Objective(

@@ -22,16 +22,25 @@ from bert_jax.training import optim, sharding as shd, state as state_lib
 from bert_jax.training.state import TrainState
 
 
+# Architecture switches a config may set one by one (None: the arch's value).
+ARCH_SWITCHES = ('norm_position', 'use_bias', 'mlp', 'positions', 'global_attention_every',
+                 'local_window', 'global_rope_theta', 'local_rope_theta')
+
+
 def model_config(config) -> BertConfig:
-  """The encoder of a pre-training config (`config.model`); `model.num_layers` > 0 changes the
-  size's depth (configs written before it existed have none: the size's)."""
+  """The encoder of a pre-training config (`config.model`): the size, `arch`'s switches and
+  any switch set alone; `model.num_layers` / `model.intermediate_size` > 0 change the size's
+  depth / MLP width. Configs written before a field existed lack it: the size's, BERT's."""
   m = config.model
-  depth = {'num_layers': m.num_layers} if m.get('num_layers', 0) > 0 else {}
+  fields = {f: m[f] for f in ARCH_SWITCHES if m.get(f) is not None}
+  for name in ('num_layers', 'intermediate_size'):
+    if m.get(name, 0) > 0:
+      fields[name] = m[name]
   return BertConfig.from_preset(
-      m.size, vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
-      attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
-      scan_layers=m.scan_layers, remat_policy=m.remat_policy, attention_impl=m.attention_impl,
-      **depth)
+      m.size, arch=m.get('arch', 'bert'), vocab_size=m.vocab_size,
+      hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+      hidden_act=m.hidden_act, dtype=m.dtype, scan_layers=m.scan_layers,
+      remat_policy=m.remat_policy, attention_impl=m.attention_impl, **fields)
 
 
 def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:

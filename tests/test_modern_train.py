@@ -1,0 +1,135 @@
+"""A ModernBERT-class model through the whole system: full-sentence records masked at 30% ->
+phase-1 pre-training with configs/modern.py -> export that transformers loads -> phase 2 at
+longer rows from phase 1 with a new global RoPE theta -> the fine-tuning command -> a
+ModernBertFor<Task> export."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bert_jax.convert import start_points
+from bert_jax.convert.workdir import export_workdir
+from bert_jax.finetune import run as finetune
+from bert_jax.model import heads
+from bert_jax.model.encoder import BertForPreTraining
+from bert_jax.pretrain import run as train, step as pretrain_step
+from bert_jax.training import checkpointing, setup as run_setup
+from configs import common, modern
+from input_pipeline.pretraining import create_pretraining_data as cpd
+from input_pipeline.pretraining.instances import MaskingConfig
+from tests import test_finetune
+from tests.tolerance import assert_trees_close
+
+
+@pytest.fixture(scope='module')
+def records(data, tmp_path_factory):
+  """RoBERTa full-sentence rows of 128 and 256 tokens, 30% masked."""
+  d = tmp_path_factory.mktemp('modern_records')
+  out = {}
+  for length in (128, 256):
+    masking = MaskingConfig(max_seq_length=length,
+                            max_predictions_per_seq=modern.max_predictions(length),
+                            masked_lm_prob=modern.MASKED_LM_PROB)
+    for split in ('train', 'eval'):
+      path = str(d / f'{split}{length}')
+      cpd.run(cpd.Job(output_file=path, masking=masking, vocab_file=str(data / 'vocab.txt'),
+                      input_file=str(data / f'{split}.txt'), dupe_factor=1, num_shards=1,
+                      window_chars=30_000, sentence_objective='none'))
+      out[split, length] = path
+  return out
+
+
+def config(data, records, phase, length, **extra):
+  values = {
+      'model.vocab_size': 2000, 'model.num_layers': 3, 'model.local_window': 32,
+      'data.train_files': records['train', length], 'data.eval_files': records['eval', length],
+      'data.vocab_file': str(data / 'vocab.txt'), 'data.max_seq_length': length,
+      'data.max_predictions_per_seq': modern.max_predictions(length),
+      'data.shuffle_buffer': 100, 'train.num_steps': 6, 'train.global_batch_size': 8,
+      'train.log_every': 1, 'train.eval_every': 6, 'train.eval_steps': 2,
+      'train.checkpoint_every': 3, 'optimizer.warmup_steps': 2}
+  values.update(extra)
+  return common.override(modern.get_config(f'tiny,{phase}'), values)
+
+
+def hf_logits(path, ids, mask):
+  model, info = transformers.AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)
+  assert type(model).__name__ == 'ModernBertForMaskedLM'
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+  with torch.no_grad():
+    return model.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+
+
+def ours(config, params, ids, mask):
+  cfg = run_setup.model_config(config)
+  return np.asarray(BertForPreTraining(cfg).apply(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask)).mlm_logits)
+
+
+def test_modern_pretrains_exports_extends_context_and_fine_tunes(data, records, tmp_path):
+  phase1 = str(tmp_path / 'phase1')
+  c1 = config(data, records, 'phase1', 128, **{  # batch 8 for two steps, then 16
+      'train.global_batch_size': 16, 'train.batch_warmup_steps': 2,
+      'train.batch_warmup_min_size': 8, 'train.batch_warmup_increment': 8})
+  assert run_setup.model_config(c1).arch == 'modern'
+  result = train.train_and_evaluate(c1, phase1)
+  assert {k for k in result['eval'] if k.endswith('_loss')} == {'mlm_loss'}
+  assert all(math.isfinite(v) for v in result['eval'].values())
+  assert result['train']['loss'] == result['train']['mlm_loss']
+
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 2000, (2, 200))
+  mask = np.ones_like(ids)
+  mask[1, 150:] = 0
+  real = mask.astype(bool)
+  _, params1 = checkpointing.restore_params(phase1)
+  path1 = export_workdir(phase1, str(tmp_path / 'hf1'))
+  hf1 = json.load(open(os.path.join(path1, 'config.json')))
+  assert hf1['rope_parameters']['full_attention']['rope_theta'] == 10_000.0
+  assert_trees_close(ours(c1, params1, ids, mask)[real], hf_logits(path1, ids, mask)[real], 1e-5)
+
+  # Phase 2: 256-token rows, global theta 160k, from phase 1's params; the new theta changes
+  # what the same params compute, and the export carries it.
+  c2 = config(data, records, 'phase2', 256, **{'train.init_from': phase1,
+                                               'train.num_steps': 2, 'train.eval_every': 2})
+  assert run_setup.model_config(c2).global_rope_theta == 160_000.0
+  state = train._initial_state(pretrain_step.setup(c2))
+  assert_trees_close(jax.device_get(state.params), params1, 0.0)
+  assert int(state.step) == 0
+  moved = ours(c2, params1, ids, mask)[real] - ours(c1, params1, ids, mask)[real]
+  assert np.max(np.abs(moved)) > 1e-5  # float32 round-off is below 1e-6 here
+  phase2 = str(tmp_path / 'phase2')
+  train.train_and_evaluate(c2, phase2)
+  path2 = export_workdir(phase2, str(tmp_path / 'hf2'))
+  hf2 = json.load(open(os.path.join(path2, 'config.json')))
+  assert hf2['rope_parameters']['full_attention']['rope_theta'] == 160_000.0
+  assert hf2['rope_parameters']['sliding_attention']['rope_theta'] == 10_000.0
+  _, params2 = checkpointing.restore_params(phase2)
+  assert_trees_close(ours(c2, params2, ids, mask)[real], hf_logits(path2, ids, mask)[real], 1e-5)
+
+  # The fine-tuning command, unchanged, from the phase-2 workdir.
+  files = test_finetune.classification_files(tmp_path)
+  tuned = str(tmp_path / 'tuned')
+  finetune.run(test_finetune.generic_config(files, phase2), tuned)
+  saved = json.load(open(os.path.join(tuned, 'results.json')))
+  assert saved['splits']['dev']['summary']['accuracy']['median'] >= 0.9  # learnt the task
+  export = saved['runs'][0]['export']
+  model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+      export, output_loading_info=True)
+  assert type(model).__name__ == 'ModernBertForSequenceClassification'
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+  start = start_points.load_start_point(export)
+  head, head_params = start_points.init_head_params(start)
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(ids[:, :32]),
+                          attention_mask=torch.tensor(mask[:, :32])).logits.numpy()
+  mine = heads.build_model(start.cfg, head).apply({'params': head_params}, jnp.asarray(ids[:, :32]),
+                                                  jnp.asarray(mask[:, :32]))
+  assert_trees_close(np.asarray(mine), theirs, 1e-5)
