@@ -204,3 +204,70 @@ def test_bert_switches_are_not_exportable_as_modernbert():
   cfg = BertConfig.from_preset('tiny', positions='rope')
   with pytest.raises(hf.CheckpointError, match='no transformers class'):
     hf_modern.config_to_hf(cfg)
+
+
+@pytest.mark.parametrize('packed', [False, True])
+def test_blocked_global_attention_equals_dense_with_gradients(packed, monkeypatch):
+  monkeypatch.setattr(attention, 'BLOCKED_FROM', 64)
+  monkeypatch.setattr(attention, 'QUERY_BLOCK', 16)
+  length = 64
+  rng = np.random.default_rng(3)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, length, 2, 4)), jnp.float32) for _ in range(3))
+  groups = np.ones((2, length), np.int32)
+  groups[0, 20:] = 2 if packed else 1
+  groups[1, 50:] = 0
+  groups = jnp.asarray(groups)
+  mask = attention.attention_mask(None if packed else groups, groups if packed else None,
+                                  2, length)
+  real = (np.asarray(groups) > 0)[:, :, None, None]
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.where(real, fn(q, k, v), 0.0) ** 2)
+
+  blocked = lambda q, k, v: attention.global_attention(q, k, v, mask, groups=groups,
+                                                       packed=packed)
+  dense = lambda q, k, v: attention._dense_attention(q, k, v, mask, 0.0, None, None)
+  got = jax.value_and_grad(lambda *a: loss(blocked, *a), argnums=(0, 1, 2))(q, k, v)
+  want = jax.value_and_grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2))(q, k, v)
+  assert_trees_close(got, want, 1e-6)
+
+
+def test_masked_lm_matches_hf_through_the_blocked_global_core(monkeypatch):
+  monkeypatch.setattr(attention, 'BLOCKED_FROM', 64)
+  monkeypatch.setattr(attention, 'QUERY_BLOCK', 32)
+  model = hf_model()
+  cfg = our_config(model)
+  params = hf_modern.params_from_hf(state_dict(model), cfg, 'hf')
+  ids, mask = rows(length=128)
+  want = torch_logits(model, ids, mask).logits.numpy()
+  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  real = mask.astype(bool)
+  assert_trees_close(np.asarray(got.mlm_logits)[real], want[real], RTOL)
+
+
+def _temp_bytes(fn, length):
+  x = jax.ShapeDtypeStruct((1, length, 2, 8), jnp.float32)
+  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), argnums=(0, 1, 2)))
+  return grad.lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_local_and_long_global_attention_memory_grows_linearly_with_the_row():
+  """Doubling the row doubles the local core's (and the blocked global core's) training
+  memory; the dense global core's quadruples."""
+  def local(q, k, v):
+    groups = jnp.ones(q.shape[:2], jnp.int32)
+    return attention.local_attention(q, k, v, jnp.ones((1, 1, 1, q.shape[1]), bool), groups,
+                                     half_window=64, packed=False)
+
+  def blocked(q, k, v):
+    groups = jnp.ones(q.shape[:2], jnp.int32)
+    return attention.global_attention(q, k, v, None, groups=groups)
+
+  def dense(q, k, v):
+    return attention._dense_attention(q, k, v, jnp.ones((1, 1, 1, q.shape[1]), bool), 0.0,
+                                      None, None)
+
+  growth = {name: _temp_bytes(fn, 8192) / _temp_bytes(fn, 4096)
+            for name, fn in (('local', local), ('blocked', blocked), ('dense', dense))}
+  assert growth['local'] < 2.5 and growth['blocked'] < 2.5, growth
+  assert growth['dense'] > 3.5, growth

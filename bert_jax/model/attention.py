@@ -3,7 +3,10 @@ parameters (the projections live in encoder.py).
 
 Three cores:
 - `global_attention`: every key of the row (BERT, and ModernBERT's global layers), through
-  `jax.nn.dot_product_attention` so accelerators can use fused kernels;
+  `jax.nn.dot_product_attention` so accelerators can use fused kernels; rows longer than
+  `BLOCKED_FROM` tokens are attended block of `QUERY_BLOCK` queries by block under
+  `jax.checkpoint` (memory-efficient attention, Rabe & Staats 2021): the scores of one block
+  at a time, B·heads·block·S, instead of B·heads·S² (8,192-token rows: 16x less);
 - `local_attention`: ModernBERT's sliding window, keys with |i - j| <= window // 2
   (transformers' `sliding_window_bidirectional_overlay` with `sliding_window =
   local_attention // 2`), computed over chunks of window // 2 queries against their three
@@ -29,6 +32,9 @@ from flax import struct
 
 # Local layers switch from a dense band mask to chunks at this many chunks per row.
 MIN_CHUNKS = 4
+# Global layers attend query block by query block from this row length on.
+BLOCKED_FROM = 2048
+QUERY_BLOCK = 512
 
 
 @struct.dataclass
@@ -99,14 +105,46 @@ def _softmax_attention(q, k, v, mask, dropout_rate: float, key, eq_scores: str, 
 
 
 def global_attention(q, k, v, mask, *, dropout_rate: float = 0.0, key=None,
-                     implementation: str | None = None):
-  """q, k, v [B, S, heads, d] -> [B, S, heads, d] over every allowed key of the row."""
+                     implementation: str | None = None, groups=None, packed: bool = False):
+  """q, k, v [B, S, heads, d] -> [B, S, heads, d] over every allowed key of the row. Given
+  the token `groups`, rows of `BLOCKED_FROM` tokens or more go block by block."""
+  length = q.shape[1]
+  if groups is not None and length >= BLOCKED_FROM and length % QUERY_BLOCK == 0:
+    return _blocked_global_attention(q, k, v, groups, packed, dropout_rate, key, implementation)
+  return _dense_attention(q, k, v, mask, dropout_rate, key, implementation)
+
+
+def _dense_attention(q, k, v, mask, dropout_rate, key, implementation):
   if key is None or dropout_rate == 0.0:
     if implementation == 'cudnn':  # cuDNN takes a mask of every query row, not [B,1,1,S]
       mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q.shape[1], k.shape[1]))
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   return _softmax_attention(q, k, v, mask, dropout_rate, key, 'bqhd,bkhd->bhqk',
                             'bhqk,bkhd->bqhd')
+
+
+def _blocked_global_attention(q, k, v, groups, packed, dropout_rate, key, implementation):
+  """`_dense_attention` over blocks of QUERY_BLOCK queries, each under jax.checkpoint (the
+  backward recomputes a block's scores instead of keeping them), masks built per block
+  from the token groups."""
+  batch, length, heads, dim = q.shape
+  n = length // QUERY_BLOCK
+  blocks = jnp.moveaxis(q.reshape(batch, n, QUERY_BLOCK, heads, dim), 1, 0)
+  group_blocks = jnp.moveaxis(groups.reshape(batch, n, QUERY_BLOCK), 1, 0)
+  keys = (jnp.zeros((n, 2), jnp.uint32) if key is None
+          else jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(key, i)))(jnp.arange(n)))
+
+  @jax.checkpoint
+  def one(args):
+    q_block, g_block, key_data = args
+    allowed = (groups[:, None, :] > 0)[:, None]  # [B, 1, 1, S]: keys of real tokens
+    if packed:
+      allowed = allowed & (g_block[:, :, None] == groups[:, None, :])[:, None]
+    block_key = None if key is None else jax.random.wrap_key_data(key_data)
+    return _dense_attention(q_block, k, v, allowed, dropout_rate, block_key, implementation)
+
+  out = jax.lax.map(one, (blocks, group_blocks, keys))
+  return jnp.moveaxis(out, 0, 1).reshape(batch, length, heads, dim)
 
 
 def band(length: int, half_window: int) -> jax.Array:

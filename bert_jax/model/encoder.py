@@ -341,7 +341,8 @@ class SelfAttention(nn.Module):
     training = not self.deterministic and cfg.attention_dropout > 0.0
     key = self.make_rng('dropout') if training else None
     common = dict(dropout_rate=cfg.attention_dropout, key=key, implementation=cfg.attention_impl)
-    global_core = lambda q, k, v: attn_lib.global_attention(q, k, v, inputs.mask, **common)
+    global_core = lambda q, k, v: attn_lib.global_attention(
+        q, k, v, inputs.mask, groups=inputs.groups, packed=inputs.packed, **common)
     local_core = lambda q, k, v: attn_lib.local_attention(
         q, k, v, inputs.mask, inputs.groups, half_window=cfg.half_window,
         packed=inputs.packed, **common)
@@ -349,8 +350,10 @@ class SelfAttention(nn.Module):
       ctx = global_core(q, k, v)
     elif is_global is False:
       ctx = local_core(q, k, v)
-    else:
-      ctx = jax.lax.cond(is_global, global_core, local_core, q, k, v)
+    else:  # scanned: a cond, whose residuals would take the global core's S² shape in
+      # every layer; checkpointed, a layer keeps only q, k, v and recomputes its core
+      ctx = jax.checkpoint(lambda q, k, v: jax.lax.cond(is_global, global_core, local_core,
+                                                         q, k, v))(q, k, v)
     ctx = nn.with_logical_constraint(ctx, ('batch', 'length', 'heads', 'kv'))
     return HeadProjection(cfg, merge=True, name='output')(ctx)
 
