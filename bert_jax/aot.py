@@ -12,7 +12,9 @@ HBM, and the model FLOPs per step, for the config's global batch and sequence le
 from __future__ import annotations
 
 import json
+import re
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -58,26 +60,37 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
     setup = pretrain_step.setup(config, devices)
     packed, predictions = setup.layout.packed, config.data.max_predictions_per_seq
   b, s = config.train.global_batch_size, config.data.max_seq_length
-  step = setup.train_step()
-  with step.activate():
-    compiled = step.jitted.lower(setup.abstract_state(), setup.abstract_batch(b)).compile()
-  mem = compiled.memory_analysis()
-  per_chip = (mem.argument_size_in_bytes + mem.output_size_in_bytes +
-              mem.temp_size_in_bytes - mem.alias_size_in_bytes)
   hbm = hbm_bytes(devices[0].device_kind)
-  return {
+  report = {
       'device_kind': devices[0].device_kind, 'chips': len(devices),
       'objective': setup.objective.name,
       'mesh': dict(setup.mesh.shape), 'global_batch': b, 'seq_len': s, 'packed': packed,
-      'per_chip_gib': round(per_chip / 2**30, 2),
-      'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
-      'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
       'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
-      'fits': (per_chip <= hbm) if hbm else None,
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
       'model_tflops_per_step': round(
           flops.train_flops_per_step(setup.model_cfg, b, s, predictions) / 1e12, 3),
   }
+  step = setup.train_step()
+  try:
+    with step.activate():
+      compiled = step.jitted.lower(setup.abstract_state(), setup.abstract_batch(b)).compile()
+  except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses what cannot fit
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    needed = re.search(r'temporaries \(([\d.]+)G\)', str(e))
+    return {**report, 'fits': False,
+            'temporaries_gib': float(needed.group(1)) if needed else None,
+            'error': str(e).splitlines()[0],
+            'hint': 'fewer rows per chip (train.global_batch_size, train.accum_steps), '
+                    'model.remat_policy=full, or more chips (--topology)'}
+  mem = compiled.memory_analysis()
+  per_chip = (mem.argument_size_in_bytes + mem.output_size_in_bytes +
+              mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+  return {**report,
+          'per_chip_gib': round(per_chip / 2**30, 2),
+          'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
+          'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
+          'fits': (per_chip <= hbm) if hbm else None}
 
 
 def _finetuning_setup(config, devices, num_labels: int | None):

@@ -65,3 +65,18 @@ def test_hbm_table():
   assert aot.hbm_bytes('TPU v5 lite') == 16 << 30
   assert aot.hbm_bytes('TPU v4') == 32 << 30
   assert aot.hbm_bytes('cpu') is None
+
+
+def test_modern_base_at_8192_tokens_compiles_for_v4_and_reports_its_memory():
+  """ModernBERT-base's phase 2 (8,192-token rows, one per chip) fits a v4 chip."""
+  result = run_aot('--config=configs/modern.py:base,phase2', '--topology=v4:2x2x1',
+                   '--config.train.global_batch_size=4')
+  assert result['objective'] == 'pretraining (none)' and result['seq_len'] == 8192
+  assert result['fits'] and 5 < result['per_chip_gib'] < 32, result
+
+
+def test_a_step_that_cannot_fit_is_reported_not_a_traceback():
+  result = run_aot('--config=configs/modern.py:tiny,phase2', '--topology=v4:2x2x1',
+                   '--config.train.global_batch_size=2048')
+  assert result['fits'] is False and result['temporaries_gib'] > 32, result
+  assert 'RESOURCE_EXHAUSTED' in result['error'] and 'remat_policy' in result['hint']
