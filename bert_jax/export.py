@@ -1,4 +1,5 @@
-r"""Training workdir -> HuggingFace `BertForPreTraining` directory (with its tokenizer).
+r"""Training workdir -> HuggingFace `BertForPreTraining` (or, for `model.arch=modern`,
+`ModernBertForMaskedLM`) directory (with its tokenizer).
 
   python -m bert_jax.export --workdir=/tmp/tiny --output=/tmp/tiny_hf [--step=N]
 

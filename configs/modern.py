@@ -68,20 +68,18 @@ def get_config(spec: str = 'tiny,phase1'):
   c.optimizer = common.optimizer_block(
       name='stable_adamw', learning_rate=peak, b1=0.9, b2=0.98, eps=1e-6, weight_decay=1e-5,
       clip_norm=0.0, fuse_qkv_rms=True, schedule='wsd', decay_shape='1-sqrt',
-      decay_proportion=0.1)
+      decay_proportion=0.1, warmup_proportion=0.01)  # shares of the run: any --num_steps
   # The same tokens per batch in both phases: 8x longer rows, 8x fewer of them.
   rows = rows_1k if phase == 'phase1' else max(1, rows_1k * 1024 // seq_len)
   c.train.global_batch_size = rows
   if phase == 'phase1':
     c.train.num_steps = steps1
-    c.optimizer.warmup_steps = max(1, steps1 // 100)
     c.train.batch_warmup_steps = max(1, steps1 * 3 // 100)  # the first 3% of the steps
     c.train.batch_warmup_min_size = warm_rows
     c.train.batch_warmup_increment = warm_rows
   else:
     c.train.num_steps = steps2
     c.optimizer.learning_rate = peak * 3 / 8  # ModernBERT-base: 8e-4 -> 3e-4
-    c.optimizer.warmup_steps = max(1, steps2 // 100)
   if size in ('tiny', 'mini'):
     c.train.log_every = 10
     c.train.eval_every = 500

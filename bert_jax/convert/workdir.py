@@ -2,7 +2,8 @@
 
 A workdir holds `checkpoints/` and the `config.json` training wrote when it started, which
 names the model and the tokenizer (`data.vocab_file` / `data.spm_model`). `export_workdir`
-turns the latest (or a given) checkpoint into a HuggingFace `BertForPreTraining` directory,
+turns the latest (or a given) checkpoint into a HuggingFace `BertForPreTraining` (or
+`ModernBertForMaskedLM`) directory,
 whatever mesh or optimizer wrote it (`python -m bert_jax.export` is its command line).
 """
 

@@ -69,9 +69,11 @@ def prepare_data(workdir: str, data, dupe_factor: int, corpus_name: str = 'docst
   for split in ('train', 'eval'):
     stats = cpd.run(records_job(paths, split, paths[split], data, dupe_factor,
                                 sentence_objective, masked_lm_prob, pack=pack))
+    random_next = stats.get('nsp_random_next_fraction')  # NSP records only
     say(f'{split}: {stats["instances"]:,} instances in {stats["rows"]:,} rows in '
-        f'{stats["seconds"]}s (masked {stats["masked_fraction"]:.3f}, random-next '
-        f'{stats["nsp_random_next_fraction"]:.3f}, padding {stats["padding_fraction"]:.3f})')
+        f'{stats["seconds"]}s (masked {stats["masked_fraction"]:.3f}, '
+        + ('' if random_next is None else f'random-next {random_next:.3f}, ')
+        + f'padding {stats["padding_fraction"]:.3f})')
   return paths
 
 
