@@ -1,7 +1,7 @@
 r"""What each ModernBERT piece buys, at equal training FLOPs, on this CPU.
 
   python benchmarks/modern_ablation.py --workdir /tmp/modern_ablation [--seeds 0,1,2]
-      [--cells bert,+pre_norm,...] [--budget_steps 300]
+      [--cells bert,+pre_norm,...] [--budget_steps 500]
   python benchmarks/modern_ablation.py --step_time [--rounds 3]   # each cell's step, interleaved
 
 Cells are configs/ablation.py's: classic BERT, then ModernBERT's pieces added one at a time
@@ -11,7 +11,7 @@ pre-training run (`bert_jax.pretrain.run.train_and_evaluate`) for
 round(budget_steps x FLOPs(classic step) / FLOPs(its step)) steps, with
 `bert_jax.model.flops.train_flops_per_step` (local layers count only the keys they may see), so
 every cell spends the classic cell's FLOPs. Data: the embedded docstring corpus (1 in 20
-documents held out), its WordPiece vocabulary of 8,192, 256-token full-sentence rows; training
+documents held out), its WordPiece vocabulary of 8,192, 128-token full-sentence rows; training
 rows are masked afresh at the cell's rate (dynamic masking), and every cell is scored on the
 same held-out records masked at 15%, every batch of them. Reported per cell: held-out MLM loss
 and accuracy (median, min and max over seeds), steps, and the median train step time of the
@@ -58,7 +58,7 @@ def data_config():
 
 
 def prepare(workdir: str) -> dict:
-  """Train and eval records at 30% masking (77 slots: room for any cell's dynamic masks) and
+  """Train and eval records at 30% masking (39 slots: room for any cell's dynamic masks) and
   the common eval records at 15%."""
   d = data_config()
   paths = demo_corpus.prepare_data(workdir, d, FLAGS.dupe_factor, sentence_objective='none',
@@ -181,7 +181,7 @@ if __name__ == '__main__':
   parser.add_argument('--workdir', default='/tmp/modern_ablation')
   parser.add_argument('--cells', default=','.join(ablation.CELLS))
   parser.add_argument('--seeds', default='0,1,2')
-  parser.add_argument('--budget_steps', type=int, default=300,
+  parser.add_argument('--budget_steps', type=int, default=500,
                       help='Steps of the classic cell; the FLOPs every cell gets.')
   parser.add_argument('--dupe_factor', type=int, default=2)
   parser.add_argument('--step_time', action='store_true',

@@ -6,6 +6,8 @@ ModernBertFor<Task> export."""
 import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +29,15 @@ from input_pipeline.pretraining.instances import MaskingConfig
 from tests import test_finetune
 from tests.tolerance import assert_trees_close
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @pytest.fixture(scope='module')
 def records(data, tmp_path_factory):
-  """RoBERTa full-sentence rows of 128 and 256 tokens, 30% masked."""
+  """RoBERTa full-sentence rows of 128 and 8,192 tokens, 30% masked."""
   d = tmp_path_factory.mktemp('modern_records')
   out = {}
-  for length in (128, 256):
+  for length in (128, 8192):
     masking = MaskingConfig(max_seq_length=length,
                             max_predictions_per_seq=modern.max_predictions(length),
                             masked_lm_prob=modern.MASKED_LM_PROB)
@@ -41,7 +45,7 @@ def records(data, tmp_path_factory):
       path = str(d / f'{split}{length}')
       cpd.run(cpd.Job(output_file=path, masking=masking, vocab_file=str(data / 'vocab.txt'),
                       input_file=str(data / f'{split}.txt'), dupe_factor=1, num_shards=1,
-                      window_chars=30_000, sentence_objective='none'))
+                      window_chars=400_000, sentence_objective='none'))
       out[split, length] = path
   return out
 
@@ -54,7 +58,7 @@ def config(data, records, phase, length, **extra):
       'data.max_predictions_per_seq': modern.max_predictions(length),
       'data.shuffle_buffer': 100, 'train.num_steps': 6, 'train.global_batch_size': 8,
       'train.log_every': 1, 'train.eval_every': 6, 'train.eval_steps': 2,
-      'train.checkpoint_every': 3, 'optimizer.warmup_steps': 2}
+      'train.checkpoint_every': 3}
   values.update(extra)
   return common.override(modern.get_config(f'tiny,{phase}'), values)
 
@@ -95,18 +99,33 @@ def test_modern_pretrains_exports_extends_context_and_fine_tunes(data, records, 
   assert hf1['rope_parameters']['full_attention']['rope_theta'] == 10_000.0
   assert_trees_close(ours(c1, params1, ids, mask)[real], hf_logits(path1, ids, mask)[real], 1e-5)
 
-  # Phase 2: 256-token rows, global theta 160k, from phase 1's params; the new theta changes
+  # Phase 2: 8,192-token rows, global theta 160k, from phase 1's params; the new theta changes
   # what the same params compute, and the export carries it.
-  c2 = config(data, records, 'phase2', 256, **{'train.init_from': phase1,
-                                               'train.num_steps': 2, 'train.eval_every': 2})
+  c2 = config(data, records, 'phase2', 8192, **{'train.init_from': phase1})
   assert run_setup.model_config(c2).global_rope_theta == 160_000.0
   state = train._initial_state(pretrain_step.setup(c2))
   assert_trees_close(jax.device_get(state.params), params1, 0.0)
   assert int(state.step) == 0
   moved = ours(c2, params1, ids, mask)[real] - ours(c1, params1, ids, mask)[real]
   assert np.max(np.abs(moved)) > 1e-5  # float32 round-off is below 1e-6 here
+  # ... trained as a user runs it: the phase's one command, on one CPU device, 2 rows a step.
   phase2 = str(tmp_path / 'phase2')
-  train.train_and_evaluate(c2, phase2)
+  flags = {'train.init_from': phase1, 'train.num_steps': 2, 'train.eval_every': 2,
+           'train.log_every': 1,
+           'train.eval_steps': 1, 'model.vocab_size': 2000, 'model.num_layers': 3,
+           'model.local_window': 32, 'data.train_files': records['train', 8192],
+           'data.eval_files': records['eval', 8192], 'data.vocab_file': data / 'vocab.txt'}
+  done = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.main', '--config=configs/modern.py:tiny,phase2',
+       f'--workdir={phase2}'] + [f'--config.{k}={v}' for k, v in flags.items()],
+      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
+      text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  logged = [json.loads(line) for line in open(os.path.join(phase2, 'metrics.jsonl'))]
+  assert [r['step'] for r in logged if 'train/loss' in r] == [1, 2]
+  assert all(r['train/tokens_per_second'] / r['train/steps_per_second'] == 2 * 8192
+             for r in logged if 'train/tokens_per_second' in r)
+  assert math.isfinite(next(r['eval/mlm_loss'] for r in logged if 'eval/mlm_loss' in r))
   path2 = export_workdir(phase2, str(tmp_path / 'hf2'))
   hf2 = json.load(open(os.path.join(path2, 'config.json')))
   assert hf2['rope_parameters']['full_attention']['rope_theta'] == 160_000.0
