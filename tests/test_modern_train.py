@@ -16,16 +16,17 @@ import pytest
 import torch
 import transformers
 
-from bert_jax.convert import start_points
+from bert_jax.convert import hf_modern, start_points
 from bert_jax.convert.workdir import export_workdir
 from bert_jax.finetune import run as finetune
 from bert_jax.model import heads
-from bert_jax.model.encoder import BertForPreTraining
+from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import run as train, step as pretrain_step
 from bert_jax.training import checkpointing, setup as run_setup
 from configs import common, modern
 from input_pipeline.pretraining import create_pretraining_data as cpd
 from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.tokenizer import WordPieceTokenizer
 from tests import test_finetune
 from tests.tolerance import assert_trees_close
 
@@ -152,3 +153,32 @@ def test_modern_pretrains_exports_extends_context_and_fine_tunes(data, records, 
   mine = heads.build_model(start.cfg, head).apply({'params': head_params}, jnp.asarray(ids[:, :32]),
                                                   jnp.asarray(mask[:, :32]))
   assert_trees_close(np.asarray(mine), theirs, 1e-5)
+
+
+def test_an_hf_modernbert_directory_starts_pre_training_and_fine_tuning(data, records, tmp_path):
+  """transformers' own ModernBertForMaskedLM directory (+ the tokenizer's files) as
+  train.init_from (continued pre-training) and as the fine-tuning command's --init."""
+  torch.manual_seed(0)
+  cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=2000, num_layers=3,
+                               local_window=32)
+  hf_config = {k: v for k, v in hf_modern.config_to_hf(cfg).items()
+               if k not in ('architectures', 'model_type')}
+  model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config))
+  start = str(tmp_path / 'hf')
+  model.save_pretrained(start)
+  WordPieceTokenizer(str(data / 'vocab.txt'), do_lower_case=True).save_pretrained(start)
+
+  c = config(data, records, 'phase1', 128, **{'train.init_from': start, 'train.num_steps': 2,
+                                               'train.eval_every': 2, 'train.batch_warmup_steps': 0})
+  state = train._initial_state(pretrain_step.setup(c))
+  want = hf_modern.params_from_hf(
+      {k: v.detach().numpy() for k, v in model.state_dict().items()}, cfg, 'hf')
+  assert_trees_close(jax.device_get(state.params), want, 0.0)
+  result = train.train_and_evaluate(c, str(tmp_path / 'continued'))
+  assert math.isfinite(result['eval']['mlm_loss'])
+
+  files = test_finetune.classification_files(tmp_path)
+  tuned = str(tmp_path / 'tuned')
+  finetune.run(test_finetune.generic_config(files, start), tuned)
+  saved = json.load(open(os.path.join(tuned, 'results.json')))
+  assert saved['splits']['dev']['summary']['accuracy']['median'] >= 0.9

@@ -57,10 +57,17 @@ def test_bad_rule_names_the_mesh_axis():
     shd.normalize_rules([('vocab', 'model')])
 
 
-def _losses(mesh_shape, n_devices, steps=20, accum=1):
+MODERN = {'model.arch': 'modern', 'model.num_layers': 3, 'model.local_window': 16,
+          'data.sentence_objective': 'none', 'optimizer.name': 'stable_adamw',
+          'optimizer.fuse_qkv_rms': True, 'optimizer.clip_norm': 0.0, 'optimizer.schedule': 'wsd',
+          'optimizer.decay_shape': '1-sqrt', 'optimizer.warmup_steps': 2,
+          'model.hidden_dropout': 0.1, 'model.attention_dropout': 0.1}
+
+
+def _losses(mesh_shape, n_devices, steps=20, accum=1, **extra):
   setup = tiny_setup(mesh_shape, jax.devices()[:n_devices], **{
       'optimizer.learning_rate': 1e-4, 'optimizer.warmup_steps': 5, 'train.num_steps': steps,
-      'train.accum_steps': accum})
+      'train.accum_steps': accum, **extra})
   mesh, state, step = setup.mesh, setup.fresh_state(), setup.train_step()
   rng = np.random.default_rng(0)
   losses = []
@@ -80,6 +87,20 @@ def test_one_device_and_a_2x2x2_mesh_give_the_same_losses_for_20_steps():
   """
   single = _losses((1, 1, 1), 1)
   mesh = _losses((2, 2, 2), 8)
+  np.testing.assert_allclose(single, mesh, rtol=2e-6, atol=0)
+  assert single[-1] < single[0]
+
+
+def test_modern_block_and_recipe_shard_and_give_the_same_losses_on_a_2x2x2_mesh():
+  """arch=modern (GeGLU kernels [H, 2, I], RoPE, local layers over 64-token rows), StableAdamW
+  and WSD, dropout on: 1 device and 8 agree as BERT's do."""
+  shardings = tiny_setup((2, 2, 2), **MODERN).shardings
+  layers = shardings.params['encoder']['layers']
+  assert layers['intermediate']['kernel'].spec == P(None, 'fsdp', None, 'tensor')
+  assert layers['attention']['query']['kernel'].spec == P(None, 'fsdp', 'tensor', None)
+  assert 'bias' not in layers['intermediate']
+  single = _losses((1, 1, 1), 1, steps=10, **MODERN)
+  mesh = _losses((2, 2, 2), 8, steps=10, **MODERN)
   np.testing.assert_allclose(single, mesh, rtol=2e-6, atol=0)
   assert single[-1] < single[0]
 
