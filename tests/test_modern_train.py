@@ -182,3 +182,24 @@ def test_an_hf_modernbert_directory_starts_pre_training_and_fine_tuning(data, re
   finetune.run(test_finetune.generic_config(files, start), tuned)
   saved = json.load(open(os.path.join(tuned, 'results.json')))
   assert saved['splits']['dev']['summary']['accuracy']['median'] >= 0.9
+
+
+@pytest.mark.parametrize('size', ['tiny', 'mini', 'base', 'large'])
+def test_every_modern_config_builds_with_the_papers_shapes(size):
+  from bert_jax.training import batch_schedule, optim
+  for phase, length, theta in (('phase1', 1024, 10_000.0), ('phase2', 8192, 160_000.0)):
+    config = modern.get_config(f'{size},{phase}')
+    cfg = run_setup.model_config(config)
+    assert cfg.arch == 'modern' and cfg.global_attention_every == 3 and cfg.local_window == 128
+    assert (cfg.global_rope_theta, cfg.local_rope_theta) == (theta, 10_000.0)
+    assert config.data.max_seq_length == length
+    assert config.data.max_predictions_per_seq == math.ceil(0.3 * length)
+    assert config.data.sentence_objective == 'none' and config.data.masked_lm_prob == 0.3
+    optim.from_config(config.optimizer, config.train.num_steps)
+    batch_schedule.from_config(config.train, 1)
+    # the same tokens a batch in both phases
+    assert config.train.global_batch_size * length == modern.SIZES[size][1] * 1024
+  if size == 'base':
+    assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) == (22, 768, 1152)
+  with pytest.raises(ValueError, match='SIZE,PHASE'):
+    modern.get_config(f'{size},phase3')
