@@ -157,7 +157,8 @@ class BertConfig:
   def half_window(self) -> int:
     return self.local_window // 2
 
-  def is_global(self, layer: int) -> bool:
+  def is_global(self, layer):
+    """Whether `layer` (an int, or a traced index in a scan) attends globally."""
     return layer % self.global_attention_every == 0
 
   @classmethod
@@ -391,8 +392,7 @@ class EncoderLayer(nn.Module):
   def __call__(self, x, inputs: AttentionInputs, scan_index=None):
     cfg = self.cfg
     index = self.index if self.index is not None else scan_index
-    is_global = (cfg.is_global(index) if isinstance(index, int)
-                 else index % cfg.global_attention_every == 0)
+    is_global = cfg.is_global(index)  # a Python bool unrolled, a traced one scanned
     drop = functools.partial(nn.Dropout(cfg.hidden_dropout), deterministic=self.deterministic)
     attention = SelfAttention(cfg, self.deterministic, name='attention')
     attention_norm = _layer_norm(cfg, 'attention_layer_norm')
@@ -402,7 +402,7 @@ class EncoderLayer(nn.Module):
       x = mlp_norm(x + drop(self._mlp(x)))
     else:
       normed = attention_norm(x)  # created on every layer, so scanned stacks are uniform
-      first = index == 0 if isinstance(index, int) else index == 0
+      first = index == 0  # a Python bool unrolled, a traced one scanned
       x = x + drop(attention(_pick(first, x, normed), inputs, is_global))
       x = x + drop(self._mlp(mlp_norm(x)))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed')), None
