@@ -41,7 +41,7 @@ from absl import logging  # noqa: E402
 
 import harness  # noqa: E402
 from bert_jax.model import flops  # noqa: E402
-from bert_jax.pretrain import run as train  # noqa: E402
+from bert_jax.pretrain import baselines, run as train  # noqa: E402
 from bert_jax.training import setup as run_setup  # noqa: E402
 from bert_jax.training.metric_writer import read_metrics  # noqa: E402
 from configs import ablation, demo as demo_recipes  # noqa: E402
@@ -67,6 +67,16 @@ def prepare(workdir: str) -> dict:
   if not os.path.exists(paths['eval15'] + '.stats.json'):
     cpd.run(demo_corpus.records_job(paths, 'eval', paths['eval15'], d, 1, 'none', EVAL_RATE))
   return paths
+
+
+def common_eval_config(config, paths: dict):
+  """`config` reading the common held-out records (15% masks, every batch of them)."""
+  scored = config.copy_and_resolve_references()
+  scored.data.eval_files = paths['eval15']
+  scored.data.max_predictions_per_seq = demo_corpus.max_predictions(ablation.SEQ_LEN, EVAL_RATE)
+  scored.data.dynamic_masking = False
+  scored.train.eval_steps = 1_000_000
+  return scored
 
 
 def step_flops(config) -> float:
@@ -98,12 +108,7 @@ def run_cell(paths: dict, workdir: str, cell: str, seed: int, budget: float) -> 
   start = time.time()
   train.train_and_evaluate(config, run_dir)
   minutes = (time.time() - start) / 60
-  scored = config.copy_and_resolve_references()
-  scored.data.eval_files = paths['eval15']
-  scored.data.max_predictions_per_seq = demo_corpus.max_predictions(ablation.SEQ_LEN, EVAL_RATE)
-  scored.data.dynamic_masking = False
-  scored.train.eval_steps = 1_000_000
-  held_out = train.evaluate_workdir(scored, run_dir)
+  held_out = train.evaluate_workdir(common_eval_config(config, paths), run_dir)
   result = {'cell': cell, 'seed': seed, 'steps': config.train.num_steps,
             'flops': config.train.num_steps * step_flops(config),
             'mlm_loss': held_out['mlm_loss'], 'mlm_accuracy': held_out['mlm_accuracy'],
@@ -172,6 +177,8 @@ def main():
   cells = FLAGS.cells.split(',')
   seeds = [int(s) for s in FLAGS.seeds.split(',')]
   results = [run_cell(paths, workdir, cell, seed, budget) for seed in seeds for cell in cells]
+  held_out = common_eval_config(ablation.get_config('bert'), paths)
+  print(f'held-out majority-token accuracy: {baselines.eval_baselines(held_out)["mlm"]:.4f}')
   print(table(results, cells))
 
 
