@@ -556,7 +556,12 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
            *training_flags(data, workdir, 100_000)], cwd=ROOT, env=cloud.env(**env), stdout=out,
           stderr=err, start_new_session=True)
       try:
-        wait_until(lambda: logged_step(workdir) >= 2, 'training started', launcher)
+        # Ctrl-C while the launcher shows the run's log (its `follow`): on a loaded machine
+        # the run logs step 2 before the launcher gets there, and a Ctrl-C during its earlier
+        # gcloud calls ends only that call (fake gcloud exits 130, as the real one does).
+        wait_until(lambda: logged_step(workdir) >= 2 and
+                   'mesh {' in (tmp_path / 'launcher.out').read_text(),
+                   'training started and followed', launcher)
       finally:
         os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in the launcher's terminal
       assert launcher.wait(timeout=60) == 130
