@@ -554,7 +554,10 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
       launcher = subprocess.Popen(
           ['bash', 'launch/tpu_pod.sh', *where, '--accelerator', 'v4-8', '--',
            *training_flags(data, workdir, 100_000)], cwd=ROOT, env=cloud.env(**env), stdout=out,
-          stderr=err, start_new_session=True)
+          stderr=err, start_new_session=True,
+          # a terminal's Ctrl-C, even when the suite itself runs in the background (nohup ...
+          # &), where SIGINT is ignored and bash could not trap it
+          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
       try:
         # Ctrl-C while the launcher shows the run's log (its `follow`): on a loaded machine
         # the run logs step 2 before the launcher gets there, and a Ctrl-C during its earlier
