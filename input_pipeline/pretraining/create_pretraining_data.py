@@ -15,6 +15,17 @@ boundaries); each window is tokenized, turned into instances exactly as the refe
 disjoint shards, and every window has its own seed, so the output depends on the seed and
 the shard count but not on the number of workers.
 
+The same command with `--runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner` (and that
+runner's own flags) runs it as an Apache Beam pipeline instead (beam_pipeline.py, with
+requirements-beam.txt): the same window rule and the same per-window function, so for a given
+seed and shard count its shards are byte-identical to this tool's.
+
+Inputs: text files (`--input_file`, the reference format), JSONL/Parquet records
+(`--input_format=jsonl|parquet --text_field=text`), a TFDS dataset (`--tfds_name`). A document
+that cannot be read (undecodable bytes, a corrupt file) is dropped, counted in the stats JSON
+(`documents_failed`, `files_failed`, `failures`) and logged (`--bad_documents=skip`, the
+default of the command), or stops the run (`--bad_documents=fail`, the default of `Job`).
+
 `--next_sentence=nsp|sop|none` picks the sentence objective (objectives.py):
 the reference's NSP pairs (default), ALBERT's sentence-order pairs, or RoBERTa's full-sentence
 rows with no sentence label; sop and none records carry a marker the reader checks.
@@ -25,7 +36,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
 import random
+import sys
 import time
 from collections.abc import Iterator
 
@@ -51,6 +64,9 @@ class Job:
   tfds_feature: str = 'text'
   tfds_data_dir: str | None = None
   skip_bad_lines: bool = False
+  input_format: str = 'text'  # text | jsonl | parquet (corpus.INPUT_FORMATS)
+  text_field: str = 'text'  # JSONL/Parquet: the column holding a document's text
+  bad_documents: str = 'fail'  # fail | skip (drop whole, count, report)
   random_seed: int = 12345
   dupe_factor: int = 10
   num_shards: int = 1
@@ -65,17 +81,35 @@ class Job:
   # --next_sentence: nsp (BERT) | sop (ALBERT) | none (RoBERTa FULL-SENTENCES); objectives.py
   sentence_objective: str = 'nsp'
 
+  def read_options(self) -> corpus_lib.ReadOptions:
+    return corpus_lib.ReadOptions(
+        input_format=self.input_format, text_field=self.text_field,
+        skip_bad_lines=self.skip_bad_lines, bad_documents=self.bad_documents,
+        tfds_feature=self.tfds_feature, tfds_data_dir=self.tfds_data_dir)
+
+  def documents(self, stats: corpus_lib.CorpusStats | None = None) -> Iterator[list[str]]:
+    return corpus_lib.documents_from_flags(
+        self.input_file, self.tfds_name, tfds_split=self.tfds_split,
+        tfds_feature=self.tfds_feature, tfds_data_dir=self.tfds_data_dir,
+        skip_bad_lines=self.skip_bad_lines, stats=stats, input_format=self.input_format,
+        text_field=self.text_field, bad_documents=self.bad_documents)
+
   def shard_paths(self) -> list[str]:
     if self.num_shards == 1:
       return [self.output_file]
     return [f'{self.output_file}-{i:05d}-of-{self.num_shards:05d}' for i in range(self.num_shards)]
 
 
+def doc_chars(doc: list[str]) -> int:
+  """A document's size for the window rule (beam_pipeline.py cuts windows by the same)."""
+  return sum(len(s) for s in doc)
+
+
 def windows(documents: Iterator[list[str]], window_chars: int) -> Iterator[list[list[str]]]:
   window, size = [], 0
   for doc in documents:
     window.append(doc)
-    size += sum(len(s) for s in doc)
+    size += doc_chars(doc)
     if size >= window_chars:
       yield window
       window, size = [], 0
@@ -94,6 +128,25 @@ def _window_block(job: Job, tokenized: list[list[list[int]]], tokenizer, index: 
                               sentence_objective=job.sentence_objective)
 
 
+def window_features(job: Job, tokenizer, window: list[list[str]], index: int):
+  """Window `index` of the corpus -> (row features, the masking.Block they came from).
+
+  The one function both runners make shard rows with (beam_pipeline.py calls it too)."""
+  sentences = [s for doc in window for s in doc]
+  ids = iter(tokenizer.encode_batch(sentences))
+  tokenized = [[next(ids) for _ in doc] for doc in window]  # Window drops empty ones
+  block = _window_block(job, tokenized, tokenizer, index)
+  if job.pack:
+    return packing.pack_block(block, job.masking, job.max_instances_per_row), block
+  return block.features(), block
+
+
+def encoded_chunks(features: dict) -> Iterator[list[bytes]]:
+  """Serialized tf.train.Examples of the rows, 4,096 at a time (bounded memory)."""
+  for start in range(0, len(features['input_ids']), 4096):
+    yield example_codec.encode_examples({k: v[start:start + 4096] for k, v in features.items()})
+
+
 def _run_worker(job: Job, worker: int) -> dict:
   """Process the windows of the shards this worker owns; write them atomically."""
   tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)
@@ -103,28 +156,16 @@ def _run_worker(job: Job, worker: int) -> dict:
   stats, corpus_stats = InstanceStats(), corpus_lib.CorpusStats()
   rows = padding_tokens = 0
   try:
-    docs = corpus_lib.documents_from_flags(
-        job.input_file, job.tfds_name, tfds_split=job.tfds_split,
-        tfds_feature=job.tfds_feature, tfds_data_dir=job.tfds_data_dir,
-        skip_bad_lines=job.skip_bad_lines, stats=corpus_stats)
-    for index, window in enumerate(windows(docs, job.window_chars)):
+    for index, window in enumerate(windows(job.documents(corpus_stats), job.window_chars)):
       shard = index % job.num_shards
       if shard not in writers:
         continue
-      sentences = [s for doc in window for s in doc]
-      ids = iter(tokenizer.encode_batch(sentences))
-      tokenized = [[next(ids) for _ in doc] for doc in window]  # Window drops empty ones
-      block = _window_block(job, tokenized, tokenizer, index)
+      features, block = window_features(job, tokenizer, window, index)
       stats.add_block(block)
-      if job.pack:
-        features = packing.pack_block(block, job.masking, job.max_instances_per_row)
-      else:
-        features = block.features()
       rows += len(features['input_ids'])
       padding_tokens += int((features['input_mask'] == 0).sum())
-      for start in range(0, len(features['input_ids']), 4096):
-        writers[shard].write_many(example_codec.encode_examples(
-            {k: v[start:start + 4096] for k, v in features.items()}))
+      for records in encoded_chunks(features):
+        writers[shard].write_many(records)
   except BaseException:
     for w in writers.values():
       w.abort()
@@ -145,9 +186,7 @@ def train_tokenizer(job: Job) -> Job:
   """
   if job.vocab_file or job.spm_model:
     raise ValueError('--train_tokenizer learns a vocabulary: drop --vocab_file/--spm_model')
-  sentences = (s for doc in corpus_lib.documents_from_flags(
-      job.input_file, job.tfds_name, tfds_split=job.tfds_split, tfds_feature=job.tfds_feature,
-      tfds_data_dir=job.tfds_data_dir, skip_bad_lines=job.skip_bad_lines) for s in doc)
+  sentences = (s for doc in job.documents() for s in doc)
   if job.train_tokenizer == 'wordpiece':
     tok = WordPieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.vocab',
                                    do_lower_case=job.do_lower_case)
@@ -172,6 +211,23 @@ def _worker_entry(args):
   return _run_worker(*args)
 
 
+def prepare(job: Job) -> Job:
+  """Checks before any work (both runners), and the tokenizer learnt if asked for."""
+  if job.num_shards < 1:
+    raise ValueError('--num_shards must be at least 1')
+  check_objective(job)
+  if job.input_format not in corpus_lib.INPUT_FORMATS:
+    raise ValueError(f'--input_format={job.input_format!r}: expected one of '
+                     f'{corpus_lib.INPUT_FORMATS}')
+  if job.bad_documents not in ('fail', 'skip'):
+    raise ValueError(f'--bad_documents={job.bad_documents!r}: expected fail or skip')
+  fs.check_writable(fs.dirname(fs.absolute(job.output_file)))  # before hours of work
+  if job.train_tokenizer:
+    job = train_tokenizer(job)
+  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
+  return job
+
+
 def run(job: Job) -> dict:
   """Write all shards and `<output_file>.stats.json`; returns the stats."""
   if job.num_workers < 1 or job.num_shards < 1:
@@ -179,11 +235,7 @@ def run(job: Job) -> dict:
   if job.num_workers > job.num_shards:
     raise ValueError(f'--num_workers={job.num_workers} exceeds --num_shards={job.num_shards}: '
                      'a worker owns whole shards, so raise --num_shards')
-  check_objective(job)
-  fs.check_writable(fs.dirname(fs.absolute(job.output_file)))  # before hours of work
-  if job.train_tokenizer:
-    job = train_tokenizer(job)
-  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
+  job = prepare(job)
   start = time.time()
   if job.num_workers == 1:
     results = [_run_worker(job, 0)]
@@ -193,19 +245,30 @@ def run(job: Job) -> dict:
   stats = InstanceStats()
   for r in results:
     stats.merge(InstanceStats(**r['stats']))
+  return write_summary(job, stats, results[0]['corpus'], sum(r['rows'] for r in results),
+                       sum(r['padding_tokens'] for r in results),
+                       [f for r in results for f in r['files']], time.time() - start)
+
+
+def check_wrote_something(job: Job, stats: InstanceStats, corpus: dict) -> None:
   if not stats.instances:
     raise ValueError(f'--output_file={job.output_file}: wrote nothing, because '
-                     f'{_what_was_read(results[0]["corpus"], job)} gave no instance; check '
+                     f'{_what_was_read(corpus, job)} gave no instance; check '
                      'the input (one sentence per line, blank lines between documents)')
-  rows = sum(r['rows'] for r in results)
-  padding = sum(r['padding_tokens'] for r in results)
+
+
+def write_summary(job: Job, stats: InstanceStats, corpus: dict, rows: int, padding: int,
+                  files: list[str], seconds: float) -> dict:
+  """`<output_file>.stats.json` from merged totals: the same for both runners (all but the
+  timings and `runner` are equal for equal shards)."""
+  check_wrote_something(job, stats, corpus)
   seq = job.masking.max_seq_length
   masked = max(stats.masked, 1)
   summary = {
       'instances': stats.instances, 'rows': rows, 'tokens': stats.tokens,
-      'documents': results[0]['corpus']['documents'],
-      'seconds': round(time.time() - start, 2),
-      'instances_per_second': round(stats.instances / max(time.time() - start, 1e-9), 1),
+      'documents': corpus['documents'],
+      'seconds': round(seconds, 2),
+      'instances_per_second': round(stats.instances / max(seconds, 1e-9), 1),
       'padding_fraction_unpacked': round(1 - stats.tokens / max(stats.instances * seq, 1), 4),
       'padding_fraction': round(padding / max(rows * seq, 1), 4),
       'masked_fraction': round(stats.masked / max(stats.tokens, 1), 4),
@@ -213,13 +276,19 @@ def run(job: Job) -> dict:
                             'random': round(stats.random_token / masked, 4),
                             'kept': round(stats.kept_token / masked, 4)},
       'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
-      'files': sorted(f for r in results for f in r['files']), 'packed': job.pack,
+      'files': sorted(files), 'packed': job.pack,
       'vocab_file': job.vocab_file, 'spm_model': job.spm_model,
       'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
       'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
   }
   summary['sentence_objective'] = job.sentence_objective
   summary.update(objectives.summary(stats, job.sentence_objective))
+  summary.update({k: corpus[k] for k in ('empty_files', 'bad_lines', 'documents_failed',
+                                         'files_failed', 'failures')})
+  if corpus['documents_failed'] or corpus['files_failed']:
+    logging.warning('%s: dropped %d unreadable documents and the rest of %d unreadable files '
+                    '(stats.json "failures"), e.g. %s', job.output_file,
+                    corpus['documents_failed'], corpus['files_failed'], corpus['failures'][:3])
   fs.write_text(job.output_file + '.stats.json', json.dumps(summary, indent=2))
   return summary
 
@@ -260,6 +329,17 @@ def define_flags():
   flags.DEFINE_string('tfds_feature', 'text', 'TFDS text feature.')
   flags.DEFINE_string('tfds_data_dir', None, 'TFDS data_dir.')
   flags.DEFINE_bool('skip_bad_lines', False, 'Skip (and count) non-UTF-8 lines instead of failing.')
+  flags.DEFINE_enum('input_format', 'text', list(corpus_lib.INPUT_FORMATS),
+                    '--input_file format: text (one sentence per line, blank line between '
+                    'documents), jsonl or parquet (one document per record, .gz ok for jsonl).')
+  flags.DEFINE_string('text_field', 'text', 'JSONL/Parquet: the field holding the text.')
+  flags.DEFINE_enum('bad_documents', 'skip', ['skip', 'fail'],
+                    'A document that cannot be read (undecodable bytes, a corrupt file): skip '
+                    'drops it and counts it in the stats JSON; fail stops the run.')
+  flags.DEFINE_string('runner', None, 'Run as an Apache Beam pipeline on this runner '
+                      '(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner...); flags this '
+                      'tool does not know go to Beam (--project, --region, --temp_location...). '
+                      'Needs requirements-beam.txt.')
   flags.DEFINE_integer('num_shards', 1, 'Output shards.')
   flags.DEFINE_integer('num_workers', 1, 'Worker processes (each owns whole shards).')
   flags.DEFINE_integer('window_chars', 1_000_000, 'Characters of text per instance window.')
@@ -288,6 +368,8 @@ def job_from_flags() -> Job:
              input_file=FLAGS.input_file, tfds_name=FLAGS.tfds_name,
              tfds_split=FLAGS.tfds_split, tfds_feature=FLAGS.tfds_feature,
              tfds_data_dir=FLAGS.tfds_data_dir, skip_bad_lines=FLAGS.skip_bad_lines,
+             input_format=FLAGS.input_format, text_field=FLAGS.text_field,
+             bad_documents=FLAGS.bad_documents,
              random_seed=FLAGS.random_seed, dupe_factor=FLAGS.dupe_factor,
              num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers,
              window_chars=FLAGS.window_chars, pack=FLAGS.pack,
@@ -298,7 +380,18 @@ def job_from_flags() -> Job:
 
 
 def main(argv):
-  del argv
+  beam_args = argv[1:]  # flags absl does not know: the Beam runner's own
+  if beam_args and not FLAGS.runner:
+    raise app.UsageError(f'unknown flags {beam_args} (runner flags need --runner)')
+  if FLAGS.runner:
+    # The Beam pipeline's own entry point, with this command's argv: beam_pipeline.py imports
+    # this module (its window rule and row function), so this one hands over the process
+    # rather than import it back.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ['PYTHONPATH'] = os.pathsep.join(
+        p for p in (root, os.environ.get('PYTHONPATH')) if p)
+    os.execv(sys.executable, [sys.executable, '-m', 'input_pipeline.pretraining.beam_pipeline',
+                              *sys.argv[1:]])
   try:
     summary = run(job_from_flags())
   except (ValueError, OSError, KeyError) as e:  # bad input or paths: one line, no traceback
@@ -308,6 +401,11 @@ def main(argv):
   print(json.dumps({k: v for k, v in summary.items() if k != 'files'}, indent=2))
 
 
+def parse_known_flags(argv: list[str]) -> list[str]:
+  """absl's flags, the rest (a Beam runner's options) left in argv for main."""
+  return FLAGS(argv, known_only=True)
+
+
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_known_flags)
