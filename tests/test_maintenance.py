@@ -3,6 +3,7 @@ checkpoint first, a pending eval skipped, exit 0; against a metadata server on l
 
 import json
 import os
+import socket
 import time
 
 import pytest
@@ -23,7 +24,7 @@ def _wait(condition, timeout=10.0):
 def test_the_watcher_reads_the_event_with_googles_header_and_ignores_migrations(spot):
   with MetadataServer('MIGRATE_ON_HOST_MAINTENANCE', 'FALSE' if spot else None) as server:
     assert maintenance.read_value(server.host) == 'MIGRATE_ON_HOST_MAINTENANCE'
-    watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
+    watcher = maintenance.MaintenanceWatcher(server.host, 0.05, via_sigterm=False).start()
     try:
       # A migration, or a spot VM not (yet) preempted: run on. Without `preempted` (404, not a
       # spot VM) the watcher keeps reading the event.
@@ -41,7 +42,7 @@ def test_the_watcher_reads_the_event_with_googles_header_and_ignores_migrations(
 def test_the_watcher_outlives_a_server_that_is_down_or_cuts_replies_off():
   with MetadataServer() as server:
     server.cut_off = True  # http.client.IncompleteRead: not an OSError
-    watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
+    watcher = maintenance.MaintenanceWatcher(server.host, 0.05, via_sigterm=False).start()
     try:
       assert _wait(lambda: server.requests >= 3)
       assert watcher._thread.is_alive()  # pylint: disable=protected-access
@@ -51,7 +52,7 @@ def test_the_watcher_outlives_a_server_that_is_down_or_cuts_replies_off():
     finally:
       watcher.stop()
       maintenance._notice.clear()  # pylint: disable=protected-access
-  watcher = maintenance.MaintenanceWatcher(server.host, 0.05, multi_process=False).start()
+  watcher = maintenance.MaintenanceWatcher(server.host, 0.05, via_sigterm=False).start()
   try:  # the server is gone: connection refused, again and again
     time.sleep(0.3)
     assert watcher._thread.is_alive() and not maintenance.notice_pending()  # pylint: disable=protected-access
@@ -77,14 +78,28 @@ def eval_steps(workdir):
     return [r['step'] for r in map(json.loads, f) if any(k.startswith('eval/') for k in r)]
 
 
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.parametrize('coordinated', [False, True])
 def test_a_terminate_event_saves_one_step_skips_its_eval_and_exits_0(data, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, coordinated):
+  """`coordinated`: a one-process job with JAX's coordination service up, as a single-host
+  TPU slice (v4-8, v5litepod-8) runs under --tpu: the notice must reach JAX's preemption sync
+  manager, which owns SIGTERM there, not only a flag nobody reads."""
   workdir = str(tmp_path / 'run')
   values = overrides(data, steps=200, **{'train.eval_every': 1, 'train.eval_steps': 1,
                                          'train.checkpoint_every': 1000})
+  flags = ['--maintenance_poll_seconds=0.1']
+  if coordinated:
+    flags += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=1',
+              '--process_id=0']
   with MetadataServer() as server:
     monkeypatch.setenv('GCE_METADATA_HOST', server.host)
-    proc = start_main(workdir, dict(values), extra_flags=['--maintenance_poll_seconds=0.1'])
+    proc = start_main(workdir, dict(values), extra_flags=flags)
     wait_for_step(workdir, 3, proc)
     server.event = maintenance.TERMINATE
     _, err = proc.communicate(timeout=300)

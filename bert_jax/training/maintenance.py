@@ -7,9 +7,10 @@ tensorflow/python/distribute/failure_handling/gce_util.py) and, on spot VMs,
 `instance/preempted` (`TRUE` once preemption has begun). `MaintenanceWatcher` polls both on a
 daemon thread and turns a terminating event into the same notice a SIGTERM gives. With several
 processes that is a SIGTERM to this process, since JAX's preemption sync manager (which
-agrees on one step for every host) learns of notices only through that signal; with one
-process it is a flag `run_control.PreemptionFlag` reads, so no handler needs to be installed
-at the moment the event arrives.
+agrees on one step for every host) learns of notices only through that signal: whenever that
+manager runs, which `jax.distributed.initialize` starts for one process too (a single-host TPU
+slice launched with --tpu). Without it, the notice is a flag `run_control.PreemptionFlag`
+reads, so no handler needs to be installed at the moment the event arrives.
 
 Best effort on Cloud TPU: Compute Engine documents `maintenance-event` for VMs that migrate or
 carry GPUs, and Cloud TPU VMs announce maintenance through the TPU API's
@@ -72,8 +73,8 @@ def terminating(path: str, value: str) -> bool:
 class MaintenanceWatcher:
   """Polls the maintenance event every `interval` seconds until a terminating one is seen."""
 
-  def __init__(self, host: str, interval: float, multi_process: bool):
-    self.host, self.interval, self.multi_process = host, interval, multi_process
+  def __init__(self, host: str, interval: float, via_sigterm: bool):
+    self.host, self.interval, self.via_sigterm = host, interval, via_sigterm
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, name='maintenance-watcher', daemon=True)
 
@@ -114,5 +115,5 @@ class MaintenanceWatcher:
     logging.warning('metadata server: %s is %s; saving at the next agreed step and exiting',
                     path.rsplit('/', 1)[-1], value)
     _notice.set()
-    if self.multi_process:
+    if self.via_sigterm:
       os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier listens to SIGTERM only

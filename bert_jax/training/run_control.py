@@ -41,6 +41,15 @@ def check_finite(metrics: dict[str, float], where: str, last_checkpoint: int | N
                        'Lower --config.optimizer.learning_rate or check the data.')
 
 
+def preemption_sync_running() -> bool:
+  """Whether JAX's preemption sync manager runs in this process: after
+  `jax.distributed.initialize`, with one process as with many (a single-host TPU slice
+  started with --tpu). It then owns SIGTERM, and a notice must reach it as one."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return (distributed.global_state.client is not None and
+          distributed.global_state.preemption_sync_manager is not None)
+
+
 _SYNC_POINT_CALLS = itertools.count(1)  # PreemptionFlag.reached calls in this process
 
 
@@ -63,9 +72,7 @@ class PreemptionFlag:
   """
 
   def __init__(self):
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
-    self._synced = (distributed.global_state.client is not None and
-                    distributed.global_state.preemption_sync_manager is not None)
+    self._synced = preemption_sync_running()
     self._requested = False
     self._previous = None if self._synced else signal.signal(signal.SIGTERM, self._handle)
 
@@ -118,7 +125,7 @@ def start_processes() -> None:
     jax.distributed.initialize()
   if f.maintenance_poll_seconds > 0 and maintenance.should_watch(f.tpu):
     maintenance.MaintenanceWatcher(maintenance.metadata_host(), f.maintenance_poll_seconds,
-                                   multi_process=jax.process_count() > 1).start()
+                                   via_sigterm=preemption_sync_running()).start()
 
 
 @contextlib.contextmanager
