@@ -269,6 +269,38 @@ def test_a_notice_in_an_epochs_last_step_saves_before_scoring_and_the_resume_sco
       whole['runs'][0]['history'])
 
 
+def test_a_notice_during_the_test_prediction_saves_before_the_export_and_the_resume_exports(
+    classified, start_dir, tmp_path, monkeypatch):
+  """A SIGTERM during epoch 1's test prediction (its best so far, so an export follows): the
+  state is saved before the export, with nothing recorded or exported (a multi-host export
+  could outlast the grace period); the resumed run redoes the epoch end from that state: the
+  uninterrupted run's epoch 1 scores, and the export."""
+  files, _, whole = classified
+  workdir = str(tmp_path / 'run')
+  real_predict, predicted = finetune.Program.predict, []
+
+  def predict_then_sigterm(self, params, arrays):
+    out = real_predict(self, params, arrays)
+    predicted.append(1)
+    if len(predicted) == 2:  # epoch 1's dev, then its test split
+      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
+    return out
+
+  with monkeypatch.context() as m:
+    m.setattr(finetune.Program, 'predict', predict_then_sigterm)
+    stopped = finetune.run(generic_config(files, start_dir), workdir)
+  assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
+  assert len(predicted) == 2 and not os.path.exists(os.path.join(workdir, 'hf_export'))
+  assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
+  resumed = finetune.run(generic_config(files, start_dir, **{'train.stop_after_epoch': 1}),
+                         workdir)  # the epoch end only: no further training
+  assert resumed['runs'][0]['step'] == 12
+  assert without_speed(resumed['runs'][0]['history']) == without_speed(
+      whole['runs'][0]['history'][:1])
+  assert resumed['runs'][0]['export'] == os.path.join(workdir, 'hf_export')
+  assert os.path.exists(os.path.join(workdir, 'hf_export', 'config.json'))
+
+
 def test_a_non_finite_loss_stops_before_any_checkpoint(start_dir, tmp_path):
   """Metrics are read one step late (the device never waits for the host), yet a loss that
   overflows mid-epoch stops the run with the step named and nothing saved."""

@@ -11,12 +11,12 @@ mesh, sharding rules, optimizer code and Orbax checkpoints as pre-training.
 Each seed trains in `<workdir>/seed_<s>/` (checkpoints/, metrics.jsonl, tensorboard/, GLUE
 leaderboard files in glue_submission/, other unlabelled test splits' predictions in
 predictions/). Checkpoints are written at every epoch end (and on a preemption notice, at
-the next step; a notice pending at an epoch end saves before the scoring, which the resumed
-run redoes from the same state); the batches of an epoch are a permutation drawn from (seed,
-epoch) and dropout keys from the step, so a restarted command continues exactly where the
-last checkpoint left off. Every epoch is scored on the dev split(s); the best epoch so far
-(first dev split's headline metric) is scored on a labelled test split and exported at once,
-so nothing needs to keep old params: `<workdir>/hf_export` for one seed,
+the next step; a notice pending at an epoch end saves before the scoring or the export,
+which the resumed run redoes from the same state); the batches of an epoch are a permutation
+drawn from (seed, epoch) and dropout keys from the step, so a restarted command continues
+exactly where the last checkpoint left off. Every epoch is scored on the dev split(s); the
+best epoch so far (first dev split's headline metric) is scored on a labelled test split and
+exported at once, so nothing needs to keep old params: `<workdir>/hf_export` for one seed,
 `<workdir>/hf_export/seed_<s>` for several, loadable with transformers'
 `AutoModelFor<Task>.from_pretrained`. Results of all seeds (median, min, max) next to the
 majority-class (mean, no-answer) baseline go to `<workdir>/results.json` and `results.md`.
@@ -373,9 +373,10 @@ class SeedRun(Hooks):
     """This seed's result; `preemption.requested` tells whether a notice stopped it.
 
     An epoch's end (dev scores, then test scores and the export when the epoch is the best)
-    is done whole or not at all: a notice agreed on before it, or between the dev and the test
-    predictions, saves the trained state at once and leaves the scoring to the resumed run,
-    which redoes it from the same state (the same scores) before training on."""
+    is done whole or not at all: a notice agreed on before it, between the dev and the test
+    predictions, or before the export, saves the trained state at once and leaves the scoring
+    to the resumed run, which redoes it from the same state (the same scores) before training
+    on."""
     p = self.program
     self.manager = checkpointing.make_manager(self.dir, max_to_keep=1, async_save=False)
     state = self._initial_state(self.manager)
@@ -439,8 +440,10 @@ class SeedRun(Hooks):
 
   def _end_epoch(self, state, step: int) -> bool:
     """Score the dev splits; if this epoch is the best so far, score the test splits, write
-    GLUE's leaderboard files and export. False, with nothing recorded, when a preemption
-    notice is agreed on before the dev or the test predictions: the checkpoint comes first."""
+    GLUE's leaderboard files and export. False, with nothing recorded or written, when a
+    preemption notice is agreed on before the dev or the test predictions or before the
+    export: the checkpoint comes first, and the resumed run redoes the whole epoch end from
+    the same state (the same scores, files and export)."""
     if self.preemption.reached():
       return False
     loss_sum, loss_steps = self.epoch_loss
@@ -453,18 +456,32 @@ class SeedRun(Hooks):
         record['scores'][split.name] = self.task.score(split, outputs)
     if self.preemption.reached():
       return False
+    history = self.history + [record]
+    best = best_epoch_index(history, self.task.select_split.name) == len(history) - 1
+    unlabelled = self._score_tests(state, record) if best else []
+    # A multi-host export (every host gathers the params, the chief writes them) can outlast
+    # the grace period, so a notice that came during the test predictions stops here too.
+    # Every process decides `best` and `export_dir` alike, so all reach this check together.
+    if best and self.export_dir and self.preemption.reached():
+      return False
     self.epoch_loss = [0.0, 0]
     self._timer = Throughput()
-    self.history.append(record)
-    if best_epoch_index(self.history, self.task.select_split.name) == len(self.history) - 1:
-      self._on_best(state, record)
+    self.history = history
+    if best:
+      record['best'] = True
+      self.prediction_files = [self.task.write_predictions(split, outputs, self.dir)
+                               for split, outputs in unlabelled]
+      if self.export_dir:
+        self._export(state)
     self.writer.write(step, flat_scores(record), 'eval/')
     self.bar.write(self.epoch_line(record))
     return True
 
-  def _on_best(self, state, record) -> None:
-    record['best'] = True
-    self.prediction_files = []
+  def _score_tests(self, state, record) -> list:
+    """Predict the test splits (every process: the predictions are collective); labelled
+    ones are scored into `record`, unlabelled ones come back as (split, outputs) for the
+    chief to write once the epoch end is certain to finish (none on other processes)."""
+    unlabelled = []
     for split in self.task.evals:
       if split.role != 'test':
         continue
@@ -472,9 +489,8 @@ class SeedRun(Hooks):
       if split.labelled:
         record['scores'][split.name] = self.task.score(split, outputs)
       elif self.is_chief:
-        self.prediction_files.append(self.task.write_predictions(split, outputs, self.dir))
-    if self.export_dir:
-      self._export(state)
+        unlabelled.append((split, outputs))
+    return unlabelled
 
   def _export(self, state) -> None:
     params = host_tree(state.params)
