@@ -16,12 +16,17 @@
 # file) and returns: a dropped ssh connection, a closed terminal or a killed launcher does not
 # reach it. bert_jax.main writes to RUN_DIR/log, never to a pipe, so no reader can make a write
 # fail (MaxText's multihost_job.py runs its job from a startup script, logging to a file, for
-# the same reason); the log is copied to WORKDIR/logs/<hostname>.log every LOG_EVERY seconds
-# and at the end, so every worker's log survives the worker. RUN_DIR also holds job.pid (this
-# script), pid (bert_jax.main, what --stop signals), args (the run's arguments, NUL-separated)
-# and, once the run has ended, exit_status. --detach while a run with the same arguments is
-# going says so and exits 0: gcloud reruns the command on a worker whose ssh connection failed
-# (exit 255), and that second --detach must not fail the launch. Other arguments: exit 3.
+# the same reason); the log is copied to WORKDIR/logs/<hostname>.<UTC start>.log (e.g.
+# t1v-n-0-w-0.20260102T030405Z.log) every LOG_EVERY seconds and at the end, so every worker's
+# log survives the worker, and each attempt's under its own name: a rerun on a reused slice
+# (a resume after --stop, a crash) starts a new file rather than overwriting the log of the
+# attempt before, which may be what tells why that one ended. The names sort by start time;
+# the log's first line names its copy. --follow and --status read RUN_DIR/log, this
+# attempt's. RUN_DIR also holds job.pid (this script), pid (bert_jax.main, what --stop
+# signals), args (the run's arguments, NUL-separated) and, once the run has ended,
+# exit_status. --detach while a run with the same arguments is going says so and exits 0:
+# gcloud reruns the command on a worker whose ssh connection failed (exit 255), and that
+# second --detach must not fail the launch. Other arguments: exit 3.
 # A foreground run prints its log as it goes (a reader that goes away stops only the printing)
 # and turns Ctrl-C into the same agreed stop as --stop.
 #
@@ -130,7 +135,8 @@ echo $$ > "$run_dir/job.pid"
 # From here on this script writes only to the log: with nobody reading its stdout it must
 # still live to record the exit status.
 trap '' PIPE
-target="${workdir%/}/logs/$host.log"
+target="${workdir%/}/logs/$host.$(date -u +%Y%m%dT%H%M%SZ).log"
+echo "run_worker.sh: $host: this attempt's log is copied to $target" >> "$log"
 copy() {
   "$py" -m input_pipeline.fs cp "$log" "$target" >> "$log" 2>&1 ||
     echo "$0: could not copy the log to $target" >> "$log"

@@ -3,7 +3,7 @@
 # script, its terminal or its ssh connection to keep going.
 #
 #   launch/tpu_pod.sh --tpu NAME --accelerator v4-64 --zone us-central2-b [--project P] \
-#       [--spot] [--queued] [--version RUNTIME] [--keep] [--dry-run] \
+#       [--spot] [--queued] [--version RUNTIME] [--keep] [--dry-run] [--allow-dirty] \
 #       -- --config=configs/bert_base.py:phase1 --workdir=gs://BUCKET/base_p1 \
 #          --config.data.train_files='gs://BUCKET/wiki128/train-*' --config.data.vocab_file=gs://BUCKET/vocab.txt
 #   launch/tpu_pod.sh --tpu NAME --zone us-central2-b [--project P] [--queued] \
@@ -17,12 +17,16 @@
 #    way there (FAILED, SUSPENDED, STOPPED, HIDDEN, UNKNOWN, ...). The runtime version
 #    follows the accelerator (v2, v3, v4: tpu-ubuntu2204-base; v5litepod/v5e:
 #    v2-alpha-tpuv5-lite; v5p: v2-alpha-tpuv5; v6e: v2-alpha-tpuv6e); --version overrides it.
-# 2. Copies this checkout (git HEAD) to every worker and runs launch/setup_worker.sh there.
+# 2. Copies this checkout's last commit (git archive HEAD, printed as "deploying commit ...")
+#    to every worker and runs launch/setup_worker.sh there. Uncommitted changes and untracked
+#    files would not reach the workers, so a checkout that has any is refused before anything
+#    starts; --allow-dirty deploys HEAD without them (and lists them).
 # 3. Starts launch/run_worker.sh --detach on every worker (--worker=all; JAX's distributed
 #    runtime finds its peers by itself on TPU): the run lives in its own session there, logging
-#    to ~/bert_jax_run/log and WORKDIR/logs/<hostname>.log. Every worker must report its start;
-#    if one does not, the script says so and stops, keeping the slice: the workers that did
-#    start wait for their peer (see them with --status, end them with --stop).
+#    to ~/bert_jax_run/log, copied to WORKDIR/logs/<hostname>.<UTC start>.log (one per
+#    attempt). Every worker must report its start; if one does not, the script says so and
+#    stops, keeping the slice: the workers that did start wait for their peer (see them with
+#    --status, end them with --stop).
 # 4. Follows the workers' logs until every run has ended, reports their exit statuses, and
 #    then deletes the slice unless --keep. Ctrl-C or a dropped connection stops the following,
 #    never the run, and the slice stays. A failed step never deletes the slice.
@@ -37,7 +41,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tpu="" accelerator="" zone="" project="" version="" spot=0 queued=0 keep=0 dry=0 action=start
+tpu="" accelerator="" zone="" project="" version="" spot=0 queued=0 keep=0 dry=0 dirty_ok=0
+action=start
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +55,7 @@ while [ $# -gt 0 ]; do
     --queued) queued=1; shift ;;
     --keep) keep=1; shift ;;
     --dry-run) dry=1; shift ;;
+    --allow-dirty) dirty_ok=1; shift ;;
     --status|--logs|--stop) action=${1#--}; shift ;;
     --) shift; break ;;
     *) echo "$0: unknown option $1" >&2; usage ;;
@@ -316,6 +322,27 @@ case $action in
   stop)
     workers=$(count_workers); follow "$(worker_cmd --stop --follow)"; exit ;;
 esac
+
+# What the workers get is `git archive HEAD`: say which commit, and refuse (before a slice is
+# made or touched) a checkout whose edits would silently stay behind.
+check_checkout() {
+  local sha changes
+  sha=$(git rev-parse --verify -q HEAD) ||
+    die "$(pwd) is not a git checkout with a commit; this script deploys git HEAD (git archive)," \
+      "so run it from a clone of the repository."
+  changes=$(git status --porcelain --untracked-files=normal) || die "git status failed in $(pwd)"
+  if [ -n "$changes" ]; then
+    if [ $dirty_ok = 0 ]; then
+      die "the checkout $(pwd) has uncommitted changes, which the workers would not get (they" \
+        "get git HEAD, ${sha:0:12}):"$'\n'"$changes"$'\n'"Commit them (git add, git commit) and" \
+        "run this again, or pass --allow-dirty to deploy HEAD without them."
+    fi
+    printf 'warning: --allow-dirty: deploying HEAD without these uncommitted changes:\n%s\n' \
+      "$changes" >&2
+  fi
+  echo "deploying commit $sha ($(git log -1 --format=%s HEAD))"
+}
+check_checkout
 
 acquire_slice
 

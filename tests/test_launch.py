@@ -4,6 +4,8 @@ launcher; a closed stdout never stops training; bad arguments fail clearly."""
 
 import json
 import os
+import pathlib
+import re
 import shlex
 import shutil
 import signal
@@ -17,9 +19,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The launcher refuses a checkout with uncommitted changes (the workers get git HEAD); the
+# tests run it from this checkout, edits under way included, so they pass --allow-dirty, but
+# test_a_dirty_checkout_is_refused_and_the_deployed_commit_named.
+ALLOW_DIRTY = '--allow-dirty'
+
+
 def tpu_pod(*args):
-  return subprocess.run(['bash', 'launch/tpu_pod.sh', *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=60)
+  return subprocess.run(['bash', 'launch/tpu_pod.sh', ALLOW_DIRTY, *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
 
 
 def test_dry_run_prints_create_copy_install_train_and_delete():
@@ -117,18 +125,35 @@ def test_setup_worker_without_any_311_says_what_to_do(tmp_path):
   assert not (tmp_path / 'venv').exists()
 
 
-def test_run_worker_keeps_each_workers_log_in_the_workdir(tmp_path):
+def worker_logs(workdir) -> list[str]:
+  """This host's attempt logs in WORKDIR/logs (<hostname>.<UTC start>.log), oldest first."""
+  logs = sorted((pathlib.Path(workdir) / 'logs').glob(f'{socket.gethostname()}.*Z.log'))
+  return [p.read_text() for p in logs]
+
+
+def test_run_worker_keeps_each_attempts_log_in_the_workdir(tmp_path):
+  """Each attempt's log under its own name: a second run in the same workdir (a rerun on a
+  reused slice) keeps the first one's log."""
   workdir = tmp_path / 'run'
   env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu',
              RUN_DIR=str(tmp_path / 'bert_jax_run'))
-  out = subprocess.run(['bash', 'launch/run_worker.sh', '--config=configs/bert_tiny.py',
-                        f'--workdir={workdir}', f'--config.data.train_files={tmp_path}/no-*'],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 1  # bert_jax.main's own status comes back
-  log = (workdir / 'logs' / f'{socket.gethostname()}.log').read_text()
-  assert 'no such file' in log and 'create_pretraining_data' in log
-  assert 'no such file' in out.stdout  # a foreground run prints its log as it goes
+
+  def run(pattern):
+    return subprocess.run(['bash', 'launch/run_worker.sh', '--config=configs/bert_tiny.py',
+                           f'--workdir={workdir}', f'--config.data.train_files={pattern}'],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  first = run(f'{tmp_path}/first-*')
+  assert first.returncode == 1  # bert_jax.main's own status comes back
+  assert 'no such file' in first.stdout  # a foreground run prints its log as it goes
   assert (tmp_path / 'bert_jax_run' / 'exit_status').read_text().strip() == '1'
+  [log] = worker_logs(workdir)
+  assert 'no such file' in log and 'create_pretraining_data' in log and 'first-*' in log
+  assert re.match(rf"run_worker.sh: \S+: this attempt's log is copied to {workdir}/logs/"
+                  rf"{re.escape(socket.gethostname())}\.\d{{8}}T\d{{6}}Z\.log\n", log), log
+  time.sleep(1.1)  # the names are the start time to the second; a real rerun is never this quick
+  assert run(f'{tmp_path}/second-*').returncode == 1
+  logs = worker_logs(workdir)
+  assert len(logs) == 2 and logs[0] == log and 'second-*' in logs[1], logs
 
 
 # --- The runtime version follows the accelerator family.
@@ -181,8 +206,11 @@ class FakeCloud:
     return dict(os.environ, FAKE_GCLOUD=str(self.dir), POLL_SECONDS='0',
                 PATH=f'{self.dir / "bin"}:{os.environ["PATH"]}', **extra)
 
-  def run(self, *args, timeout=120, **extra_env):
-    return subprocess.run(['bash', 'launch/tpu_pod.sh', *args], cwd=ROOT, env=self.env(**extra_env),
+  def run(self, *args, timeout=120, checkout=None, **extra_env):
+    """tpu_pod.sh of this checkout with --allow-dirty, or of `checkout` as it is."""
+    script = (['launch/tpu_pod.sh', ALLOW_DIRTY] if checkout is None else
+              [os.path.join(checkout, 'launch', 'tpu_pod.sh')])
+    return subprocess.run(['bash', *script, *args], cwd=ROOT, env=self.env(**extra_env),
                           capture_output=True, text=True, timeout=timeout)
 
   def calls(self):
@@ -413,6 +441,50 @@ def test_a_start_that_fails_on_a_worker_says_so_and_keeps_the_slice(tmp_path, co
   assert cloud.steps()[-1] == 'tpu-vm ssh --detach'
 
 
+def git(checkout, *args):
+  return subprocess.run(['git', '-C', str(checkout), '-c', 'user.name=t', '-c',
+                         'user.email=t@example.com', *args], check=True, capture_output=True,
+                        text=True).stdout.strip()
+
+
+def test_a_dirty_checkout_is_refused_and_the_deployed_commit_named(tmp_path):
+  """The workers get `git archive HEAD`: a checkout with uncommitted edits or untracked files
+  is refused before any gcloud call (they would silently stay behind), unless --allow-dirty,
+  which lists them; every start names the commit it deploys. A checkout of its own: this
+  script (as edited now) committed in a fresh repository."""
+  checkout = tmp_path / 'checkout'
+  (checkout / 'launch').mkdir(parents=True)
+  shutil.copy(os.path.join(ROOT, 'launch', 'tpu_pod.sh'), checkout / 'launch')
+  (checkout / 'README.md').write_text('v1\n')
+  git(checkout, 'init', '-q')
+  git(checkout, 'add', '.')
+  git(checkout, 'commit', '-q', '-m', 'the deployed commit')
+  sha = git(checkout, 'rev-parse', 'HEAD')
+
+  clean = FakeCloud(tmp_path / 'clean', node=['READY'])
+  out = clean.run(*START, checkout=checkout)
+  assert out.returncode == 0, out.stderr
+  assert f'deploying commit {sha} (the deployed commit)' in out.stdout
+  assert 'tpu-vm scp' in clean.steps() and 'uncommitted' not in out.stderr
+
+  (checkout / 'README.md').write_text('v2\n')
+  (checkout / 'new.py').write_text('')
+  dirty = FakeCloud(tmp_path / 'dirty', node=['READY'])
+  out = dirty.run(*START, checkout=checkout)
+  assert out.returncode == 1 and dirty.calls() == []  # nothing made or touched
+  assert f'has uncommitted changes, which the workers would not get (they get git HEAD, ' \
+      f'{sha[:12]})' in out.stderr
+  assert ' M README.md\n?? new.py\n' in out.stderr
+  assert 'Commit them (git add, git commit) and run this again, or pass --allow-dirty' \
+      in out.stderr
+
+  allowed = FakeCloud(tmp_path / 'allowed', node=['READY'])
+  out = allowed.run('--allow-dirty', *START, checkout=checkout)
+  assert out.returncode == 0, out.stderr
+  assert 'deploying HEAD without these uncommitted changes:\n M README.md\n?? new.py' in out.stderr
+  assert f'deploying commit {sha}' in out.stdout and 'tpu-vm scp' in allowed.steps()
+
+
 def test_a_failed_copy_names_its_step_and_keeps_the_slice(tmp_path):
   cloud = FakeCloud(tmp_path, node=['READY'], ssh=[
       ['setup_worker.sh', 'no space left on device', {'exit': 1}]] + REPLIES[1:])
@@ -552,7 +624,7 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
   try:
     with open(tmp_path / 'launcher.out', 'w') as out, open(tmp_path / 'launcher.err', 'w') as err:
       launcher = subprocess.Popen(
-          ['bash', 'launch/tpu_pod.sh', *where, '--accelerator', 'v4-8', '--',
+          ['bash', 'launch/tpu_pod.sh', ALLOW_DIRTY, *where, '--accelerator', 'v4-8', '--',
            *training_flags(data, workdir, 100_000)], cwd=ROOT, env=cloud.env(**env), stdout=out,
           stderr=err, start_new_session=True,
           # a terminal's Ctrl-C, even when the suite itself runs in the background (nohup ...
@@ -586,7 +658,7 @@ def test_a_detached_run_outlives_its_launcher_and_stops_on_request(data, tmp_pat
     assert 'finished, exit status 0' in stop.stdout
     assert 'the run ended on all 1 workers; highest exit status 0' in stop.stdout
     assert (home / 'bert_jax_run' / 'exit_status').read_text().strip() == '0'
-    log = (tmp_path / 'run' / 'logs' / f'{socket.gethostname()}.log').read_text()
+    [log] = worker_logs(tmp_path / 'run')
     assert f'saved step {saved[-1]}' in log
     # Nothing of the run is left behind.
     pid = (home / 'bert_jax_run' / 'job.pid').read_text().strip()
@@ -618,7 +690,8 @@ def test_gcloud_rerunning_a_start_finds_the_same_run_going_and_the_launch_goes_o
   assert 'Retrying: SSH command error' in out.stderr
   assert 'the run ended on all 1 workers; highest exit status 1' in out.stdout, out.stderr
   assert out.returncode == 1  # bert_jax.main's own status
-  assert 'no such file' in (workdir / 'logs' / f'{host}.log').read_text()
+  [log] = worker_logs(workdir)
+  assert 'no such file' in log
   assert cloud.steps().count('tpu-vm ssh --detach') == 1 and cloud.steps()[-1] == 'tpu-vm delete'
 
 
