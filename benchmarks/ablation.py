@@ -32,10 +32,8 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import logging  # noqa: E402

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import statistics
@@ -34,10 +35,21 @@ import time
 from typing import Any, Callable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
 
-from bert_jax.training import host_malloc  # noqa: E402  (standard library only)
+from bert_jax.training import host_malloc  # standard library only; installed: pyproject.toml
+
+
+def module_from_file(name: str, path: str):
+  """The module in file `path`, outside the installed packages (the tests' fake GCS server, a
+  reference checkout's tokenization.py), imported as `name` without putting its directory on
+  sys.path, where its neighbours would shadow installed modules for the rest of the script."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such Python file to import as {name}')
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
 
 
 def tuned_malloc() -> None:

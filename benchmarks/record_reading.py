@@ -16,20 +16,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 
 import harness
+import tensorflow as tf
 
-sys.path.insert(0, os.path.join(harness.ROOT, 'tests'))  # the fake GCS server of the tests
+from input_pipeline import fs
+from input_pipeline.pretraining import corpus
+from input_pipeline.pretraining import create_pretraining_data as cpd
+from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretraining.instances import MaskingConfig
 
-import tensorflow as tf  # noqa: E402
-
-import gcs_server  # noqa: E402
-from input_pipeline import fs  # noqa: E402
-from input_pipeline.pretraining import corpus  # noqa: E402
-from input_pipeline.pretraining import create_pretraining_data as cpd  # noqa: E402
-from input_pipeline.pretraining import dataset as data_lib  # noqa: E402
-from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
+gcs_server = harness.module_from_file(  # the tests' GCS server on localhost
+    'gcs_server', os.path.join(harness.ROOT, 'tests', 'gcs_server.py'))
 
 VOCAB = os.path.join(harness.ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 DATA = '/tmp/bench_records'

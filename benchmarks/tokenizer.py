@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 
 import harness
@@ -42,8 +41,8 @@ def main():
     lines = [l.strip() for l in f if l.strip()][:args.lines]
 
   from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer  # noqa: E402
-  sys.path.insert(0, args.reference_dir)
-  from bert import tokenization  # pylint: disable=g-import-not-at-top
+  tokenization = harness.module_from_file(  # google-research/bert's, a checkout of its own
+      'bert_tokenization', os.path.join(args.reference_dir, 'bert', 'tokenization.py'))
   from transformers import BertTokenizerFast  # pylint: disable=g-import-not-at-top
 
   print(harness.machine())

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepare one worker (a Cloud TPU VM, or any Linux machine): a Python >= 3.11 virtualenv at
-# .venv with requirements.txt and the accelerator's jax build. Run from the checkout's root:
+# .venv with requirements.txt, the accelerator's jax build and this checkout (pip install -e .
+# --no-deps, pyproject.toml: bert_jax imports from any directory, not only from the checkout's
+# root as `python -m bert_jax.main` there does). Run from the checkout's root:
 #
 #   bash launch/setup_worker.sh            # jax[tpu] matching requirements.txt
 #   JAX_EXTRA='jax[cuda12]' bash launch/setup_worker.sh
@@ -73,4 +75,5 @@ fi
 if [ -n "$extra" ]; then
   "$venv/bin/python" -m pip install -q "$extra"  # libtpu comes from PyPI with jax[tpu]
 fi
+"$venv/bin/python" -m pip install -q --no-deps -e .
 "$venv/bin/python" -c 'import sys; print("setup_worker: ready,", sys.version.split()[0])'

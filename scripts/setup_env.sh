@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates ./.venv with the pinned requirements (Python 3.11). Re-installs only when a
-# requirements file changed, so the Quickstart commands are cheap to repeat.
+# Creates ./.venv with the pinned requirements (Python 3.11) and this checkout installed in it
+# (pip install -e . --no-deps, pyproject.toml): bert_jax, input_pipeline and configs import from
+# any directory. Re-installs only when a requirements file or pyproject.toml changed, so the
+# Quickstart commands are cheap to repeat.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -16,7 +18,7 @@ stamp=.venv/.requirements.sha256
 # newer runtime (tests/test_beam.py), so the protobuf the core stack resolves is put back after.
 PROTOBUF=protobuf==7.36.2
 want=$( (cat requirements.txt requirements-dev.txt requirements-nodeps.txt requirements-aot.txt \
-  requirements-beam.txt; echo "$PROTOBUF") | sha256sum | cut -d' ' -f1)
+  requirements-beam.txt pyproject.toml; echo "$PROTOBUF") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing requirements-dev.txt into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
@@ -25,5 +27,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/libtpu -r requirements-aot.txt
   .venv/bin/python -m pip install -q -r requirements-beam.txt
   .venv/bin/python -m pip install -q --no-deps "$PROTOBUF"  # pip notes beam's cap: expected
+  # The checkout itself, editable (an edit needs no reinstall), its dependencies being the
+  # files above.
+  .venv/bin/python -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 fi

@@ -2,7 +2,6 @@
 cache, and the small pre-training data set most end-to-end tests train on."""
 
 import os
-import sys
 import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
@@ -17,7 +16,6 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
                       os.path.join(tempfile.gettempdir(), 'bert_jax_tests_xla_cache'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 
