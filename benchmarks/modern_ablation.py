@@ -9,8 +9,9 @@ Cells are configs/ablation.py's: classic BERT, then ModernBERT's pieces added on
 a warmup-stable-decay schedule with 1-sqrt decay). Each cell trains through the product's
 pre-training run (`bert_jax.pretrain.run.train_and_evaluate`) for
 round(budget_steps x FLOPs(classic step) / FLOPs(its step)) steps, with
-`bert_jax.model.flops.train_flops_per_step` (local layers count only the keys they may see), so
-every cell spends the classic cell's FLOPs. Data: the embedded docstring corpus (1 in 20
+`bert_jax.model.flops.train_flops_per_step(computed=True)` (local layers count the 3 x window/2
+keys the chunked core scores per query, not only the window + 1 they may see), so every cell
+spends the classic cell's FLOPs. Data: the embedded docstring corpus (1 in 20
 documents held out), its WordPiece vocabulary of 8,192, 128-token full-sentence rows; training
 rows are masked afresh at the cell's rate (dynamic masking), and every cell is scored on the
 same held-out records masked at 15%, every batch of them. Reported per cell: held-out MLM loss
@@ -80,7 +81,8 @@ def common_eval_config(config, paths: dict):
 def step_flops(config) -> float:
   return flops.train_flops_per_step(run_setup.model_config(config),
                                     config.train.global_batch_size,
-                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
+                                    config.data.max_seq_length, config.data.max_predictions_per_seq,
+                                    computed=True)
 
 
 def step_seconds(run_dir: str) -> float:

@@ -6,7 +6,7 @@ at the full modern recipe, every cell trained for the same FLOPs (benchmarks/mod
 Every cell is a tiny encoder (3 layers x 128 hidden, 2 heads) on 128-token full-sentence rows
 (no sentence objective), batch 16, dynamically masked, peak lr 5e-4 with 5% warmup; the
 benchmark sets the data files and each cell's step count so that steps x
-`bert_jax.model.flops.train_flops_per_step` equals the classic cell's budget. The local
+`bert_jax.model.flops.train_flops_per_step(computed=True)` equals the classic cell's budget. The local
 window is 32 tokens (a quarter of the row; ModernBERT's 128 is an eighth of its 1,024-token
 phase 1).
 Cell k is cell k-1 plus:

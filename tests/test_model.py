@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from bert_jax.convert import hf
+from bert_jax.model import attention, flops
 from bert_jax.model.encoder import BertConfig, BertForPreTraining, count_params, init_params
 from bert_jax.model.encoder import PRESETS
 from tolerance import assert_trees_close
@@ -187,3 +188,24 @@ def test_bad_config_fields_name_the_field():
     BertConfig(hidden_act='relu')
   with pytest.raises(ValueError, match="unknown model size 'huge'"):
     BertConfig.from_preset('huge')
+
+
+def test_flops_charge_local_layers_the_keys_their_core_scores():
+  """`computed=True` counts 3 x window/2 keys a local query (the chunked core's neighbouring
+  chunks), as XLA's own cost analysis of the two cores says; the default counts the window + 1
+  keys it may see (MFU's useful work)."""
+  cfg = BertConfig.from_preset('tiny', arch='modern', local_window=32)
+  local = next(i for i in range(cfg.num_layers) if not cfg.is_global(i))
+  assert flops.attention_span(cfg, local, 128) == 33
+  assert flops.attention_span(cfg, local, 128, computed=True) == 48
+  assert flops.attention_span(cfg, local, 32, computed=True) == 32  # dense band: every key
+  q = jnp.ones((1, 128, 2, 8))
+  ones = jnp.ones((1, 128), jnp.int32)
+  mask = attention.attention_mask(ones, None, 1, 128)
+  groups = attention.token_groups(ones, None, 1, 128)
+  cost = lambda f: jax.jit(f).lower(q, q, q).compile().cost_analysis()['flops']
+  local_cost = cost(lambda q, k, v: attention.local_attention(
+      q, k, v, mask, groups, half_window=16, packed=False, implementation='xla'))
+  global_cost = cost(lambda q, k, v: attention.global_attention(q, k, v, mask,
+                                                               implementation='xla'))
+  assert local_cost / global_cost == pytest.approx(48 / 128, rel=0.1)

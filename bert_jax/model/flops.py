@@ -15,6 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from bert_jax.model import attention
 from bert_jax.model.encoder import BertConfig
 
 # Dense peak FLOP/s per device for MFU, by device_kind substring (bf16 where the chip has it).
@@ -32,17 +33,25 @@ def encoder_params(cfg: BertConfig) -> int:
   return cfg.num_layers * (attention + mlp + norms)
 
 
-def attention_span(cfg: BertConfig, layer: int, seq_len: int) -> int:
-  """Keys one query may attend to in `layer`."""
+def attention_span(cfg: BertConfig, layer: int, seq_len: int, computed: bool = False) -> int:
+  """Keys one query may attend to in `layer`; `computed`: the keys the xla core scores for
+  it (attention.py: a dense band below MIN_CHUNKS chunks, else each chunk of window/2
+  queries against its three neighbouring key chunks, 3 * window/2 keys)."""
   if cfg.global_attention_every == 1 or cfg.is_global(layer):
     return seq_len
+  if computed:
+    half = cfg.half_window
+    return seq_len if seq_len < attention.MIN_CHUNKS * half else 3 * half
   return min(seq_len, 2 * cfg.half_window + 1)
 
 
-def train_flops_per_step(cfg: BertConfig, batch: int, seq_len: int, predictions: int) -> float:
+def train_flops_per_step(cfg: BertConfig, batch: int, seq_len: int, predictions: int,
+                         computed: bool = False) -> float:
+  """Useful FLOPs (MFU's numerator); `computed=True` counts the keys the local core scores
+  instead, the cost an equal-compute comparison must charge (benchmarks/modern_ablation.py)."""
   h, v = cfg.hidden_size, cfg.vocab_size
   tokens = batch * seq_len
-  spans = sum(attention_span(cfg, layer, seq_len) for layer in range(cfg.num_layers))
+  spans = sum(attention_span(cfg, layer, seq_len, computed) for layer in range(cfg.num_layers))
   sentence_head = 6 * batch * (h * h + 2 * h) if cfg.arch == 'bert' else 0
   return (6 * encoder_params(cfg) * tokens + 12 * h * spans * tokens +
           6 * batch * predictions * (h * h + h * v) + sentence_head)
