@@ -99,8 +99,10 @@ def model_block() -> ml_collections.ConfigDict:
   m.hidden_dropout = 0.1
   m.attention_dropout = 0.1  # 0 lets accelerators use fused (flash) attention in training
   m.scan_layers = True  # compile time flat in depth (pods); unrolled is faster on GPUs
-  m.remat_policy = 'none'  # none | full | dots | dots_no_batch
-  m.attention_impl = ml_collections.config_dict.placeholder(str)  # None | xla | cudnn
+  m.remat_policy = 'none'  # none | full | dots | dots_no_batch | projections (encoder.py)
+  # xla | splash (TPU) | cudnn (GPU) | auto: splash on TPU, cudnn on GPU, xla elsewhere (CPU
+  # runs are unchanged); calls a kernel cannot run (attention dropout in training) use xla
+  m.attention_impl = ml_collections.FieldReference('auto', field_type=str)  # or None: jax picks
   return m
 
 

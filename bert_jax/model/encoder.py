@@ -107,7 +107,8 @@ class BertConfig:
   dtype: str = 'float32'
   scan_layers: bool = True
   remat_policy: str = 'none'
-  # Passed to jax.nn.dot_product_attention: None (XLA picks), 'xla' or 'cudnn'.
+  # How attention runs (attention.py): xla | splash (TPU) | cudnn (GPU) | auto (the
+  # platform's best) | None (jax.nn.dot_product_attention picks).
   attention_impl: str | None = None
   # Architecture switches; ARCHS['modern'] sets all of them to ModernBERT's.
   arch: str = 'bert'  # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler
@@ -142,6 +143,9 @@ class BertConfig:
                        'must be >= 1 (1 = every layer global)')
     if self.global_attention_every > 1 and self.local_window < 2:
       raise ValueError(f'model.local_window={self.local_window}: needs >= 2')
+    if self.attention_impl not in attn_lib.IMPLEMENTATIONS:
+      raise ValueError(f'model.attention_impl={self.attention_impl!r}: expected one of '
+                       f'{attn_lib.IMPLEMENTATIONS}')
     if self.positions == 'rope' and self.head_dim % 2:
       raise ValueError(f'model.positions=rope needs an even head size, got {self.head_dim}')
 
