@@ -33,6 +33,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.global_rope_theta = placeholder(float)  # phase 2 of long context raises it
   c.model.local_rope_theta = placeholder(float)
   c.model.intermediate_size = 0  # 0: the size's (a GLU on a BERT size: same parameters)
+  # MLM loss in chunks of this many masked positions a row under jax.checkpoint, so the
+  # [rows, predictions, vocab] float32 logits are never whole (bert_jax/pretrain/mlm_loss.py):
+  # the same loss and gradients, one more decoder matmul in the backward. 0 = off.
+  c.model.mlm_loss_chunk = 0
 
   c.data = ml_collections.ConfigDict()
   c.data.train_files = ''  # comma-separated globs of TFRecords (create_pretraining_data)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bert_jax import aot
+from bert_jax import aot_compile
 from bert_jax.convert import hf
 from bert_jax.model.encoder import BertConfig
 
@@ -62,9 +62,9 @@ def test_fine_tuning_without_a_start_point_says_what_to_pass():
 
 
 def test_hbm_table():
-  assert aot.hbm_bytes('TPU v5 lite') == 16 << 30
-  assert aot.hbm_bytes('TPU v4') == 32 << 30
-  assert aot.hbm_bytes('cpu') is None
+  assert aot_compile.hbm_bytes('TPU v5 lite') == 16 << 30
+  assert aot_compile.hbm_bytes('TPU v4') == 32 << 30
+  assert aot_compile.hbm_bytes('cpu') is None
 
 
 def test_modern_base_at_8192_tokens_compiles_for_v4_and_reports_its_memory():
@@ -80,3 +80,46 @@ def test_a_step_that_cannot_fit_is_reported_not_a_traceback():
                    '--config.train.global_batch_size=2048')
   assert result['fits'] is False and result['temporaries_gib'] > 32, result
   assert 'RESOURCE_EXHAUSTED' in result['error'] and 'remat_policy' in result['hint']
+
+
+def test_chip_table_has_the_published_figures_in_one_place():
+  v5e, v6e = aot_compile.chip('TPU v5 lite'), aot_compile.chip('TPU v6 lite')
+  assert (v5e.hbm_bytes, v5e.peak_flops, v5e.hbm_bytes_per_s) == (16 << 30, 197e12, 819e9)
+  assert v6e.hbm_bytes == aot_compile.hbm_bytes('TPU v6 lite') == 32 << 30
+  # The roofline is the slower of compute and memory traffic: 197 TFLOP in 1 s, 819 GB in 1 s.
+  assert aot_compile.roofline_ms(197e12, 1e9, v5e) == pytest.approx(1e3)
+  assert aot_compile.roofline_ms(1e9, 819e9, v5e) == pytest.approx(1e3)
+
+
+@pytest.mark.parametrize('per_row,quadratic', [(0.7, 0.0), (3.0, 0.0), (0.5, 0.005), (20.0, 0)])
+def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, quadratic):
+  """A stand-in compiler (memory 1 + per_row·n + quadratic·n² GiB on a 16 GiB chip): the
+  search ends on the largest fitting n with n + 1 compiled and failing."""
+  def fake_compile(config, devices, num_labels=None):
+    n = config.train.global_batch_size
+    gib = 1 + per_row * n + quadratic * n * n
+    if gib > 16:
+      return {'rows_per_chip': n, 'fits': False, 'temporaries_gib': round(gib - 1, 2)}
+    return {'rows_per_chip': n, 'fits': True, 'per_chip_gib': round(gib, 2),
+            'arguments_gib': 1.0}
+
+  monkeypatch.setattr(aot, 'compile_for', fake_compile)
+  devices = [type('D', (), {'device_kind': 'TPU v5 lite'})()]
+  config = modern_config()
+  result = aot_compile.max_rows(config, devices, log=lambda _: None)
+  want = max(n for n in range(0, 100) if 1 + per_row * n + quadratic * n * n <= 16)
+  assert result['max_rows_per_chip'] == want and result['max_rows_exact'], result
+  assert len(result['compiles']) <= 6
+
+
+def modern_config():
+  from configs import modern  # pylint: disable=g-import-not-at-top
+  return modern.get_config('tiny,phase1')
+
+
+def test_rows_per_chip_on_one_chip_reports_the_compiled_cost_and_a_roofline_estimate():
+  result = run_aot('--config=configs/bert_tiny.py', '--topology=v5e:1x1', '--rows_per_chip=8',
+                   '--config.model.mlm_loss_chunk=8')
+  assert result['chips'] == 1 and result['global_batch'] == 8 and result['fits']
+  assert result['mlm_loss_chunk'] == 8 and result['compiled_tflops'] > 0
+  assert result['compiled_gb_accessed'] > 0 and result['roofline_ms_estimate'] > 0

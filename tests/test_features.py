@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import aot
+from bert_jax import aot_compile
 from bert_jax.pretrain import synthetic
 from bert_jax.pretrain import step as pretrain_step
 from input_pipeline.pretraining import create_pretraining_data as cpd, dataset as data_lib, features
@@ -60,7 +60,7 @@ def test_aot_compiles_the_packed_step_a_packed_run_uses(data):
   # Deviceless TPU compilation needs libtpu; the same code path compiles for this CPU's
   # devices, and the lowered step must take the packed features.
   config = config_with(overrides(data, **{'data.pack': True, 'mesh': (-1, 1, 1)}))
-  result = aot.compile_for(config, jax.devices())
+  result = aot_compile.compile_for(config, jax.devices())
   assert result['packed'] and result['global_batch'] == 16
   setup = pretrain_step.setup(config)
   step = setup.train_step()

@@ -192,6 +192,11 @@ class BertOutput:
   pooled_output: jax.Array | None  # [B, H], or [B, K, H] for packed rows; None: modern
   mlm_logits: jax.Array  # [B, P, V] float32 at masked_lm_positions (all S if none given)
   nsp_logits: jax.Array | None  # [B, 2], or [B, K, 2] for packed rows; float32
+  # What mlm_logits are made of, for a loss that projects in chunks (pretrain/mlm_loss.py):
+  # the MLM head's transformed states [B, P, H] and the tied decoder (table [V, H], bias [V]).
+  # A jitted loss that reads these and not mlm_logits never builds the [B, P, V] logits.
+  mlm_hidden: jax.Array | None = None
+  mlm_decoder: tuple[jax.Array, jax.Array] | None = None
 
 
 def _init(cfg: BertConfig, axes: tuple[str | None, ...], std: float | None = None):
@@ -299,9 +304,17 @@ class Embeddings(nn.Module):
 
   def attend(self, x):
     """Tied MLM decoder: x @ word_embeddings.T, accumulated in float32."""
-    table = self.word_embeddings.embedding
-    return jnp.einsum('bph,vh->bpv', x, table.astype(x.dtype),
+    return tied_decoder(x, self.word_embeddings.embedding)
+
+  def decoder_table(self):
+    return self.word_embeddings.embedding
+
+
+def tied_decoder(x, table, bias=None):
+  """x [B, P, H] @ table [V, H].T (+ bias [V]) in float32: the MLM logits, whole or a chunk."""
+  logits = jnp.einsum('bph,vh->bpv', x, table.astype(x.dtype),
                       preferred_element_type=jnp.float32)
+  return logits if bias is None else logits + bias
 
 
 def attention_inputs(cfg: BertConfig, input_mask, packed_segment_ids, position_ids,
@@ -517,7 +530,8 @@ class BertForPreTraining(nn.Module):
     bias = self.param('mlm_output_bias', _zeros(('vocab',)), (cfg.vocab_size,), jnp.float32)
     mlm_logits = embeddings.attend(h) + bias
     return BertOutput(sequence_output=sequence_output, pooled_output=pooled,
-                      mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+                      mlm_logits=mlm_logits, nsp_logits=nsp_logits, mlm_hidden=h,
+                      mlm_decoder=(embeddings.decoder_table(), bias))
 
 
 def init_params(cfg: BertConfig, rng: jax.Array, seq_len: int = 8) -> dict:

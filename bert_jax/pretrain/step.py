@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
+from bert_jax.pretrain import mlm_loss
 from bert_jax.training.setup import Objective, RunSetup, build, model_config
 from bert_jax.training.state import TrainState
 from input_pipeline.pretraining import objectives
@@ -45,15 +46,20 @@ def nsp_weights(batch) -> jax.Array:
   return (batch['input_mask'][:, 0] > 0).astype(jnp.float32).reshape(labels.shape)
 
 
-def loss_sums(output, batch, sentence_objective: str = 'nsp') -> dict[str, jax.Array]:
+def loss_sums(output, batch, sentence_objective: str = 'nsp',
+              mlm_chunk: int = 0) -> dict[str, jax.Array]:
   """Weighted sums (not means), so micro-batches and eval batches add up exactly; the
-  sentence head's under `{sentence_objective}_*`, none for 'none'."""
+  sentence head's under `{sentence_objective}_*`, none for 'none'. `mlm_chunk` > 0
+  (model.mlm_loss_chunk): the MLM sums `mlm_chunk` positions a row at a time from the head's
+  states, never the whole logits (pretrain/mlm_loss.py); the same numbers."""
   w_mlm = batch['masked_lm_weights'].astype(jnp.float32)
   labels = batch['masked_lm_ids']
-  xent = optax.softmax_cross_entropy_with_integer_labels(output.mlm_logits, labels)
-  hit = (jnp.argmax(output.mlm_logits, -1) == labels).astype(jnp.float32)
-  sums = {'mlm_loss': jnp.sum(w_mlm * xent), 'mlm_hits': jnp.sum(w_mlm * hit),
-          'mlm_weight': jnp.sum(w_mlm)}
+  if mlm_chunk:
+    loss, hits = mlm_loss.chunked_sums(output.mlm_hidden, *output.mlm_decoder, labels, w_mlm,
+                                       mlm_chunk)
+  else:
+    loss, hits = mlm_loss.full_sums(output.mlm_logits, labels, w_mlm)
+  sums = {'mlm_loss': loss, 'mlm_hits': hits, 'mlm_weight': jnp.sum(w_mlm)}
   if sentence_objective != 'none':
     sums.update(sentence_sums(output, batch, sentence_objective))
   return sums
@@ -103,7 +109,7 @@ def _micro_batches(batch, accum_steps: int):
 
 def train_step(state: TrainState, batch, *, model: BertForPreTraining,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               accum_steps: int = 1, sentence_objective: str = 'nsp'
+               accum_steps: int = 1, sentence_objective: str = 'nsp', mlm_chunk: int = 0
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   norm_mlm = jnp.sum(batch['masked_lm_weights'].astype(jnp.float32)) + 1e-5
@@ -113,7 +119,7 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
   def loss_fn(params, micro, micro_key):
     out = model.apply({'params': params}, **model_inputs(micro), deterministic=False,
                       rngs={'dropout': micro_key})
-    sums = loss_sums(out, micro, sentence_objective)
+    sums = loss_sums(out, micro, sentence_objective, mlm_chunk)
     if head is None:
       return sums['mlm_loss'] / norm_mlm, sums
     return sums['mlm_loss'] / norm_mlm + sums[f'{head}_loss'] / norm_head, sums
@@ -141,9 +147,9 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
 
 
 def eval_step(params, batch, *, model: BertForPreTraining,
-              sentence_objective: str = 'nsp') -> dict[str, jax.Array]:
+              sentence_objective: str = 'nsp', mlm_chunk: int = 0) -> dict[str, jax.Array]:
   out = model.apply({'params': params}, **model_inputs(batch))
-  return loss_sums(out, batch, sentence_objective)
+  return loss_sums(out, batch, sentence_objective, mlm_chunk)
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -161,6 +167,7 @@ def objective(config) -> Objective:
                      'create_pretraining_data --next_sentence=none and set '
                      '--config.data.sentence_objective=none')
   model = BertForPreTraining(model_cfg)
+  mlm_chunk = config.model.get('mlm_loss_chunk', 0)  # configs written before it: off
   layout = data_lib.output_layout(data_lib.reader_config(config))
   return Objective(
       name=f'pretraining ({sentence_objective})', model_cfg=model_cfg,
@@ -168,8 +175,9 @@ def objective(config) -> Objective:
       logical_specs=logical_param_specs(model_cfg),
       train_step=functools.partial(train_step, model=model,
                                    accum_steps=config.train.accum_steps,
-                                   sentence_objective=sentence_objective),
-      eval_step=functools.partial(eval_step, model=model, sentence_objective=sentence_objective),
+                                   sentence_objective=sentence_objective, mlm_chunk=mlm_chunk),
+      eval_step=functools.partial(eval_step, model=model, sentence_objective=sentence_objective,
+                                  mlm_chunk=mlm_chunk),
       batch_shapes=layout.shapes, layout=layout)
 
 
