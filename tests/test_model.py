@@ -156,7 +156,7 @@ def test_dropout_is_active_only_in_training_and_seeded():
   assert not np.allclose(run(1), eval_out)
 
 
-@pytest.mark.parametrize('policy', ['full', 'dots'])
+@pytest.mark.parametrize('policy', ['full', 'dots', 'projections'])
 def test_remat_does_not_change_gradients(policy):
   params = init_params(TINY, jax.random.key(0))
   ids, seg, mask = _solo(np.random.default_rng(4), 16, 14)
@@ -209,3 +209,22 @@ def test_flops_charge_local_layers_the_keys_their_core_scores():
   global_cost = cost(lambda q, k, v: attention.global_attention(q, k, v, mask,
                                                                implementation='xla'))
   assert local_cost / global_cost == pytest.approx(48 / 128, rel=0.1)
+
+
+def test_projections_policy_recomputes_the_glu_input_that_dots_keeps(capsys):
+  """`remat_policy=projections` is `dots` without GeGLU's [B, S, 2, I] input projection (the
+  widest activation of a modern layer), which decides what fits a chip at 8,192 tokens."""
+  cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=128, scan_layers=False)
+  params = init_params(cfg, jax.random.key(0))
+  ids = np.arange(3, 35, dtype=np.int32)[None]
+
+  def saved(policy) -> str:
+    model = BertForPreTraining(cfg.replace(remat_policy=policy))
+    loss = lambda p: jnp.sum(model.apply({'params': p}, ids).mlm_logits ** 2)
+    jax.ad_checkpoint.print_saved_residuals(loss, params)
+    return capsys.readouterr().out
+
+  glu_input = f'f32[1,32,2,{cfg.intermediate_size}]'
+  assert glu_input in saved('dots')
+  kept = saved('projections')
+  assert glu_input not in kept and f'f32[1,32,{cfg.num_heads},{cfg.head_dim}]' in kept  # q, k, v
