@@ -76,16 +76,17 @@ def glu_width(hidden_size: int) -> int:
   return max(64, 64 * round(8 * hidden_size / 3 / 64))
 
 # Layer activations that remat policies may keep by name (checkpoint_name in the layer).
-SAVEABLE_NAMES = ('qkv', 'attention_out', 'mlp_out')
+SAVEABLE_NAMES = ('qkv', 'attention_context', 'attention_out', 'mlp_out')
 REMAT_POLICIES = {
     'none': None,
     'full': jax.checkpoint_policies.nothing_saveable,
     'dots': jax.checkpoint_policies.checkpoint_dots,
     'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-    # `dots` without the widest one: keeps the q/k/v, attention-output and MLP-output
-    # projections, recomputes the MLP's input projection (GeGLU's [B, S, 2, I]) and the
-    # attention core. ModernBERT-base at 8,192 tokens: 4 rows fit a v5e chip this way
-    # (benchmarks/RESULTS.md, "What fits a TPU chip"), at ~6% more FLOPs; `dots` needs 16.1 GiB.
+    # `dots` without the widest one: keeps q/k/v, the attention core's output and the
+    # attention-output and MLP-output projections; recomputes only the MLP's input
+    # projection (GeGLU's [B, S, 2, I]) and what is elementwise. ModernBERT-base at 8,192
+    # tokens: 4 rows fit a v5e chip this way (benchmarks/RESULTS.md, "What fits a TPU
+    # chip"), where `dots` needs 16.1 GiB.
     'projections': jax.checkpoint_policies.save_only_these_names(*SAVEABLE_NAMES),
 }
 
@@ -380,7 +381,8 @@ class SelfAttention(nn.Module):
       # every layer; checkpointed, a layer keeps only q, k, v and recomputes its core
       ctx = jax.checkpoint(lambda q, k, v: jax.lax.cond(is_global, global_core, local_core,
                                                          q, k, v))(q, k, v)
-    ctx = nn.with_logical_constraint(ctx, ('batch', 'length', 'heads', 'kv'))
+    ctx = checkpoint_name(nn.with_logical_constraint(ctx, ('batch', 'length', 'heads', 'kv')),
+                          'attention_context')
     return checkpoint_name(HeadProjection(cfg, merge=True, name='output')(ctx), 'attention_out')
 
 
