@@ -177,22 +177,29 @@ def test_classification_learns_reports_seeds_and_exports_what_transformers_loads
   assert np.mean(out.logits.numpy().argmax(-1) == labels) == run['scores']['dev']['accuracy']
 
 
+def sigterm_after_call(method, n: int | None):
+  """`method` that sends this process a real SIGTERM (to the run's real handler) right after
+  its `n`-th call returns (None: never); `.calls` counts the calls."""
+
+  def wrapped(self, *args):
+    out = method(self, *args)
+    wrapped.calls += 1
+    if wrapped.calls == n:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  wrapped.calls = 0
+  return wrapped
+
+
 def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_path, monkeypatch):
   """SIGTERM during step 5 (saved there), then stopped after epoch 1 (as a time-limited job
   would be), the same command continues to the same params, losses and scores as seed 0 of
   the uninterrupted 3-epoch run."""
   files, whole_dir, whole = classified
   workdir = str(tmp_path / 'resumed')
-  real_step, steps = finetune.Program.train_step, []
-
-  def step_then_sigterm(self, state, batch):
-    out = real_step(self, state, batch)
-    steps.append(1)
-    if len(steps) == 5:
-      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
-    return out
-
-  monkeypatch.setattr(finetune.Program, 'train_step', step_then_sigterm)
+  monkeypatch.setattr(finetune.Program, 'train_step',
+                      sigterm_after_call(finetune.Program.train_step, 5))
   preempted = finetune.run(generic_config(files, start_dir), workdir)
   monkeypatch.undo()
   assert preempted['runs'][0]['step'] == 5 and not preempted['complete']
@@ -226,25 +233,13 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
 
 def run_stopped_by_sigterm(monkeypatch, config, workdir, steps: int):
   """finetune.run with the real SIGTERM sent to this process after `steps` training steps;
-  returns its results and the list Program.predict appends to on every call from now on."""
-  real_step, real_predict, done, predicted = (finetune.Program.train_step,
-                                              finetune.Program.predict, [], [])
-
-  def step_then_sigterm(self, state, batch):
-    out = real_step(self, state, batch)
-    done.append(1)
-    if len(done) == steps:
-      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
-    return out
-
-  def counted_predict(self, params, arrays):
-    predicted.append(1)
-    return real_predict(self, params, arrays)
-
-  monkeypatch.setattr(finetune.Program, 'predict', counted_predict)
+  returns its results and Program.predict's call counter (`.calls`, from now on)."""
+  predict = sigterm_after_call(finetune.Program.predict, None)
+  monkeypatch.setattr(finetune.Program, 'predict', predict)
   with monkeypatch.context() as m:
-    m.setattr(finetune.Program, 'train_step', step_then_sigterm)
-    return finetune.run(config, workdir), predicted
+    m.setattr(finetune.Program, 'train_step',
+              sigterm_after_call(finetune.Program.train_step, steps))
+    return finetune.run(config, workdir), predict
 
 
 def without_speed(history):
@@ -261,7 +256,7 @@ def test_a_notice_in_an_epochs_last_step_saves_before_scoring_and_the_resume_sco
   stopped, predicted = run_stopped_by_sigterm(monkeypatch, generic_config(files, start_dir),
                                               workdir, 12)
   assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
-  assert not predicted and not os.path.exists(os.path.join(workdir, 'hf_export'))
+  assert not predicted.calls and not os.path.exists(os.path.join(workdir, 'hf_export'))
   assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
   resumed = finetune.run(generic_config(files, start_dir), workdir)
   assert resumed['complete']
@@ -277,20 +272,12 @@ def test_a_notice_during_the_test_prediction_saves_before_the_export_and_the_res
   uninterrupted run's epoch 1 scores, and the export."""
   files, _, whole = classified
   workdir = str(tmp_path / 'run')
-  real_predict, predicted = finetune.Program.predict, []
-
-  def predict_then_sigterm(self, params, arrays):
-    out = real_predict(self, params, arrays)
-    predicted.append(1)
-    if len(predicted) == 2:  # epoch 1's dev, then its test split
-      os.kill(os.getpid(), signal.SIGTERM)  # the real signal, to the real handler
-    return out
-
+  predict = sigterm_after_call(finetune.Program.predict, 2)  # epoch 1's dev, then its test
   with monkeypatch.context() as m:
-    m.setattr(finetune.Program, 'predict', predict_then_sigterm)
+    m.setattr(finetune.Program, 'predict', predict)
     stopped = finetune.run(generic_config(files, start_dir), workdir)
   assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
-  assert len(predicted) == 2 and not os.path.exists(os.path.join(workdir, 'hf_export'))
+  assert predict.calls == 2 and not os.path.exists(os.path.join(workdir, 'hf_export'))
   assert checkpointing.restore_params(os.path.join(workdir, 'seed_0'))[0] == 12
   resumed = finetune.run(generic_config(files, start_dir, **{'train.stop_after_epoch': 1}),
                          workdir)  # the epoch end only: no further training
@@ -326,14 +313,14 @@ def test_a_notice_in_the_runs_last_step_leaves_it_incomplete_and_one_rescoring_f
                                               workdir, 36)
   assert stopped['runs'][0]['step'] == 36 and stopped['runs'][0]['epochs_done'] == 2
   assert not stopped['complete'] and '**Incomplete run.**' in finetune.markdown(stopped)
-  before = len(predicted)
+  before = predicted.calls
   finished = finetune.run(generic_config(files, start_dir), workdir)
-  assert finished['complete'] and len(predicted) > before
+  assert finished['complete'] and predicted.calls > before
   assert without_speed(finished['runs'][0]['history']) == without_speed(
       whole['runs'][0]['history'])
-  before = len(predicted)
+  before = predicted.calls
   again = finetune.run(generic_config(files, start_dir), workdir)
-  assert len(predicted) == before and again['complete']  # scored once, not at every run
+  assert predicted.calls == before and again['complete']  # scored once, not at every run
   assert again['runs'][0]['scores'] == whole['runs'][0]['scores']
 
 
