@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the whole test suite (2 workers; under 15 minutes on 2 cores), with
+# Sets up .venv and runs the whole test suite (2 workers that steal each other's queued tests,
+# so neither finishes alone with the slow end-to-end ones; under 15 minutes on 2 cores), with
 # XLA's CPU buffers kept mapped between steps (bert_jax/training/host_malloc.py) as the CLIs run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-exec .venv/bin/python -m bert_jax.training.host_malloc .venv/bin/python -m pytest -n 2 -q tests "$@"
+exec .venv/bin/python -m bert_jax.training.host_malloc .venv/bin/python -m pytest -n 2 \
+  --dist worksteal -q tests "$@"

@@ -252,17 +252,19 @@ def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-SPLASH_STEPS = {  # BERT-tiny with splash asked for (and the dropout it cannot do turned off);
-    # ModernBERT-tiny as configured: auto, which is splash on TPU (global and local layers)
+SPLASH_STEPS = {  # BERT-tiny with splash asked for (and the dropout it cannot do turned off),
+    # 2 rows a chip and the chunked MLM loss; ModernBERT-tiny as configured: auto, which is
+    # splash on TPU (global and local layers)
     'bert': ('configs/bert_tiny.py', '--config.model.attention_impl=splash',
-             '--config.model.attention_dropout=0'),
+             '--config.model.attention_dropout=0', '--rows_per_chip=2',
+             '--config.model.mlm_loss_chunk=8'),
     'modern': ('configs/modern.py:tiny,phase1',),
 }
 
 
 def test_splash_steps_compile_for_v5e_and_report_their_memory(tmp_path):
-  """`python -m bert_jax.aot --topology=v5e:2x2` on splash steps: they compile, fit, and hold
-  the splash kernels (Mosaic custom calls: forward, dq, dkv)."""
+  """`python -m bert_jax.aot --topology=v5e:2x2` on splash steps: they compile, fit, hold the
+  splash kernels (Mosaic custom calls: forward, dq, dkv) and report their cost per chip."""
   runs = {name: aot(f'--config={config}', '--topology=v5e:2x2', *flags,
                     dump=tmp_path / name)
           for name, (config, *flags) in SPLASH_STEPS.items()}
@@ -278,6 +280,10 @@ def test_splash_steps_compile_for_v5e_and_report_their_memory(tmp_path):
     assert f"rows of {result['seq_len']} tokens" not in stderr
     if name == 'modern':
       assert 'model.attention_impl=auto on tpu: splash' in stderr
+    else:  # what fits a chip: rows asked for, the compiled cost and a roofline estimate
+      assert result['global_batch'] == 8 and result['mlm_loss_chunk'] == 8
+      assert result['compiled_tflops'] > 0 and result['compiled_gb_accessed'] > 0
+      assert result['roofline_ms_estimate'] > 0
     dumps = [p for p in (tmp_path / name).iterdir() if 'jit_step' in p.name
              and p.name.endswith('after_optimizations.txt')]
     kernels = sum(p.read_text().count('custom_call_target="tpu_custom_call"') for p in dumps)
