@@ -106,7 +106,7 @@ def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, qua
     return {'rows_per_chip': n, 'fits': True, 'per_chip_gib': round(gib, 2),
             'arguments_gib': 1.0}
 
-  monkeypatch.setattr(aot, 'compile_for', fake_compile)
+  monkeypatch.setattr(aot_compile, 'compile_for', fake_compile)
   devices = [type('D', (), {'device_kind': 'TPU v5 lite'})()]
   config = modern_config()
   result = aot_compile.max_rows(config, devices, log=lambda _: None)
