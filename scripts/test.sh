@@ -4,6 +4,6 @@
 # XLA's CPU buffers kept mapped between steps (bert_jax/training/host_malloc.py) as the CLIs run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh --with-beam
 exec .venv/bin/python -m bert_jax.training.host_malloc .venv/bin/python -m pytest -n 2 \
   --dist worksteal -q tests "$@"

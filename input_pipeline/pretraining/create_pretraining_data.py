@@ -34,6 +34,7 @@ rows with no sentence label; sop and none records carry a marker the reader chec
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -384,6 +385,9 @@ def main(argv):
   if beam_args and not FLAGS.runner:
     raise app.UsageError(f'unknown flags {beam_args} (runner flags need --runner)')
   if FLAGS.runner:
+    if importlib.util.find_spec('apache_beam') is None:
+      raise SystemExit(f'error: --runner={FLAGS.runner} needs Apache Beam: pip install -r '
+                       'requirements-beam.txt (or bash scripts/setup_env.sh --with-beam)')
     # The Beam pipeline's own entry point, with this command's argv: beam_pipeline.py imports
     # this module (its window rule and row function), so this one hands over the process
     # rather than import it back.
