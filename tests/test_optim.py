@@ -416,13 +416,15 @@ def test_wsd_errors_name_the_field(kwargs, message):
 
 
 def test_from_config_reads_old_configs_without_the_new_fields():
-  """config.json of runs from before wsd / stable_adamw: the same optimizer as today's
-  defaults, which leave existing runs unchanged (bert schedule, adamw_bert)."""
-  import ml_collections
-  new = common.optimizer_block()
-  old = ml_collections.ConfigDict({k: new[k] for k in (
-      'name', 'learning_rate', 'schedule', 'warmup_steps', 'weight_decay', 'b1', 'b2', 'eps',
-      'clip_norm')})
+  """config.json of runs from before wsd / stable_adamw, upgraded as loading does: the same
+  optimizer as today's defaults, which leave existing runs unchanged (bert schedule,
+  adamw_bert)."""
+  new = common.base_config().optimizer
+  old_config = common.base_config()
+  for field in ('warmup_proportion', 'decay_proportion', 'decay_shape', 'final_lr_ratio',
+                'fuse_qkv_rms'):
+    del old_config.optimizer[field]
+  old = common.upgrade_config(old_config).optimizer
   assert (new.name, new.schedule) == ('adamw_bert', 'bert')
   params = {'dense': {'kernel': jnp.ones((3, 4)), 'bias': jnp.ones(4)}}
   grads = jax.tree_util.tree_map(lambda p: p * 0.5, params)

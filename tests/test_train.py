@@ -265,7 +265,7 @@ def test_model_num_layers_changes_only_the_depth():
   deep = run_setup.model_config(config)
   assert (deep.num_layers, deep.hidden_size, deep.num_heads) == (5, 128, 2)
   del config.model['num_layers']
-  assert run_setup.model_config(config).num_layers == 2
+  assert run_setup.model_config(common.upgrade_config(config)).num_layers == 2
 
 
 

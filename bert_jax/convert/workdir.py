@@ -14,6 +14,7 @@ import json
 import ml_collections
 
 from bert_jax.convert import hf
+from configs import common
 from bert_jax.training import checkpointing
 from bert_jax.training.setup import model_config
 from input_pipeline import fs
@@ -21,11 +22,12 @@ from input_pipeline.tokenizer import load_tokenizer
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config the run was started with (`workdir/config.json`, a path or a URL)."""
+  """The config the run was started with (`workdir/config.json`, a path or a URL), with the
+  fields an earlier version did not write filled by today's defaults (`upgrade_config`)."""
   path = fs.join(workdir, 'config.json')
   if not fs.exists(path):
     raise FileNotFoundError(f'{path}: missing; pass the training config (--config) instead')
-  return ml_collections.ConfigDict(json.loads(fs.read_text(path)))
+  return common.upgrade_config(ml_collections.ConfigDict(json.loads(fs.read_text(path))))
 
 
 def run_tokenizer(config):

@@ -78,10 +78,10 @@ def from_config(train, process_count: int = 1, batch_shards: int = 1) -> BatchSc
   """The schedule of a config's `train` block, checked against the run: every size must split
   evenly over the processes, the mesh's batch shards and `train.accum_steps`."""
   batch = train.global_batch_size
-  steps = train.get('batch_warmup_steps', 0)
-  min_size = train.get('batch_warmup_min_size', 0)
-  increment = train.get('batch_warmup_increment', 0) or min_size
-  accum_steps = train.get('accum_steps', 1)
+  steps = train.batch_warmup_steps
+  min_size = train.batch_warmup_min_size
+  increment = train.batch_warmup_increment or min_size
+  accum_steps = train.accum_steps
   if steps < 0:
     raise ValueError(f'train.batch_warmup_steps={steps}: must be >= 0 (0 = no warmup)')
   if not steps:

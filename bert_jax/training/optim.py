@@ -374,10 +374,10 @@ def make_optimizer(name: str, schedule: optax.Schedule, *, weight_decay: float =
 
 def from_config(opt_cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """`optimizer.warmup_proportion` > 0 (NVIDIA's --warmup_proportion) replaces warmup_steps by
-  proportion x total_steps. Older configs (config.json of earlier runs) lack that field and
-  the wsd / stable_adamw ones: they get the defaults of configs/common.py `optimizer_block`."""
+  proportion x total_steps. A config.json of an earlier run passes configs/common.py
+  `upgrade_config` first, so every field of `optimizer_block` is here."""
   warmup = opt_cfg.warmup_steps
-  proportion = opt_cfg.get('warmup_proportion', 0.0) or 0.0
+  proportion = opt_cfg.warmup_proportion or 0.0
   if proportion:
     if not 0 < proportion < 1:
       raise ValueError(f'optimizer.warmup_proportion={proportion}: must be in [0, 1) '
@@ -385,11 +385,10 @@ def from_config(opt_cfg, total_steps: int) -> tuple[optax.GradientTransformation
     warmup = proportion * total_steps
   schedule = learning_rate_schedule(
       opt_cfg.schedule, opt_cfg.learning_rate, warmup, total_steps,
-      decay_proportion=opt_cfg.get('decay_proportion', 0.1),
-      decay_shape=opt_cfg.get('decay_shape', 'linear'),
-      final_lr_ratio=opt_cfg.get('final_lr_ratio', 0.0))
+      decay_proportion=opt_cfg.decay_proportion, decay_shape=opt_cfg.decay_shape,
+      final_lr_ratio=opt_cfg.final_lr_ratio)
   tx = make_optimizer(opt_cfg.name, schedule, weight_decay=opt_cfg.weight_decay,
                       b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                       clip_norm=opt_cfg.clip_norm or None, max_lr=opt_cfg.learning_rate,
-                      fuse_qkv_rms=opt_cfg.get('fuse_qkv_rms', False))
+                      fuse_qkv_rms=opt_cfg.fuse_qkv_rms)
   return tx, schedule

@@ -30,14 +30,15 @@ ARCH_SWITCHES = ('norm_position', 'use_bias', 'mlp', 'positions', 'global_attent
 def model_config(config) -> BertConfig:
   """The encoder of a pre-training config (`config.model`): the size, `arch`'s switches and
   any switch set alone; `model.num_layers` / `model.intermediate_size` > 0 change the size's
-  depth / MLP width. Configs written before a field existed lack it: the size's, BERT's."""
+  depth / MLP width. A config.json of an earlier run passes configs/common.py `upgrade_config`
+  first, which fills the fields it predates (the size's, BERT's)."""
   m = config.model
-  fields = {f: m[f] for f in ARCH_SWITCHES if m.get(f) is not None}
+  fields = {f: m[f] for f in ARCH_SWITCHES if m[f] is not None}
   for name in ('num_layers', 'intermediate_size'):
-    if m.get(name, 0) > 0:
+    if m[name] > 0:
       fields[name] = m[name]
   return BertConfig.from_preset(
-      m.size, arch=m.get('arch', 'bert'), vocab_size=m.vocab_size,
+      m.size, arch=m.arch, vocab_size=m.vocab_size,
       hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
       hidden_act=m.hidden_act, dtype=m.dtype, scan_layers=m.scan_layers,
       remat_policy=m.remat_policy, attention_impl=m.attention_impl, **fields)

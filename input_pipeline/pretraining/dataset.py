@@ -156,7 +156,7 @@ def reader_config(config, files: str = '', batch_size: int = 1,
       whole_word_masking=d.whole_word_masking, pack=d.pack, pack_window=d.pack_window,
       vocab_size=config.model.vocab_size, threads=d.threads, vocab_file=d.vocab_file,
       spm_model=d.spm_model, do_lower_case=d.do_lower_case,
-      sentence_objective=d.sentence_objective, masked_lm_prob=d.get('masked_lm_prob', 0.15))
+      sentence_objective=d.sentence_objective, masked_lm_prob=d.masked_lm_prob)
 
 
 def stored_layout(cfg: ReaderConfig) -> features.BatchLayout:
