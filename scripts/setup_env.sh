@@ -13,13 +13,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.requirements.sha256
 want=$(cat requirements.txt requirements-dev.txt requirements-nodeps.txt requirements-aot.txt \
-  pyproject.toml | sha256sum | cut -d' ' -f1)
+  requirements-transformers4.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing requirements-dev.txt into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
   .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/libtpu -r requirements-aot.txt
+  # transformers 4.57 for tests/test_transformers4.py (exports must load in 4.x too); apart,
+  # since it needs a huggingface-hub and tokenizers older than the ones .venv has.
+  .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/transformers4 \
+    -r requirements-transformers4.txt
   # The checkout itself, editable (an edit needs no reinstall), its dependencies being the
   # files above.
   .venv/bin/python -m pip install -q --no-deps -e .

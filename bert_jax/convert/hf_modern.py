@@ -87,6 +87,11 @@ def config_to_hf(cfg: BertConfig, architecture: str = 'ModernBertForMaskedLM') -
       'layer_types': ['full_attention' if cfg.is_global(i) else 'sliding_attention'
                       for i in range(cfg.num_layers)],
       'local_attention': cfg.local_window,
+      # The rotary thetas twice, one form for each transformers generation: 4.48-4.57 read
+      # only global_rope_theta / local_rope_theta (else their defaults, 160,000 global), 5.x
+      # prefers rope_parameters and drops the two legacy keys when it has it.
+      'global_rope_theta': cfg.global_rope_theta,
+      'local_rope_theta': cfg.local_rope_theta,
       'rope_parameters': {
           'full_attention': {'rope_type': 'default', 'rope_theta': cfg.global_rope_theta},
           'sliding_attention': {'rope_type': 'default', 'rope_theta': cfg.local_rope_theta}},
@@ -99,9 +104,17 @@ def config_to_hf(cfg: BertConfig, architecture: str = 'ModernBertForMaskedLM') -
   }
 
 
-def _theta(hf: Mapping[str, Any], layer_type: str, legacy: str, default: float) -> float:
+def _theta(hf: Mapping[str, Any], layer_type: str, legacy: str, default: float,
+           source: str) -> float:
+  """A layer type's theta from 5.x's rope_parameters or 4.x's legacy key, whichever is there;
+  both there and different, transformers 4.x and 5.x would run different models: refused."""
   rope = (hf.get('rope_parameters') or {}).get(layer_type) or {}
-  return float(rope.get('rope_theta', hf.get(legacy, default)))
+  new, old = rope.get('rope_theta'), hf.get(legacy)
+  if new is not None and old is not None and float(new) != float(old):
+    raise CheckpointError(
+        f'{source}: rope_parameters.{layer_type}.rope_theta={new} but {legacy}={old}; '
+        'transformers 5.x reads the first, 4.x the second: make them agree')
+  return float(new if new is not None else old if old is not None else default)
 
 
 def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
@@ -140,8 +153,8 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
         hidden_dropout=hf.get('embedding_dropout', 0.0),
         attention_dropout=hf.get('attention_dropout', 0.0),
         global_attention_every=every, local_window=hf.get('local_attention', 128),
-        global_rope_theta=_theta(hf, 'full_attention', 'global_rope_theta', 160_000.0),
-        local_rope_theta=_theta(hf, 'sliding_attention', 'local_rope_theta', 10_000.0),
+        global_rope_theta=_theta(hf, 'full_attention', 'global_rope_theta', 160_000.0, source),
+        local_rope_theta=_theta(hf, 'sliding_attention', 'local_rope_theta', 10_000.0, source),
         classifier_pooling=hf.get('classifier_pooling', 'cls'))
   except KeyError as e:
     raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
