@@ -55,7 +55,8 @@ def _sentence_transformers_dir(path: str) -> str | None:
     return None
   entries = json.loads(fs.read_text(modules))
   for entry in entries:
-    if entry.get('type', '').endswith('models.Transformer'):
+    # sentence_transformers.models.Transformer; 6.x saves ...base.modules.transformer.Transformer
+    if entry.get('type', '').endswith('.Transformer'):
       return fs.join(path, entry.get('path', ''))
   raise hf.CheckpointError(f'{modules}: no sentence_transformers.models.Transformer module')
 

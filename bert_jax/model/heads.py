@@ -36,7 +36,10 @@ SEQUENCE = 'sequence_classification'
 TOKEN = 'token_classification'
 SPAN = 'question_answering'
 MULTIPLE_CHOICE = 'multiple_choice'
-TASKS = (SEQUENCE, TOKEN, SPAN, MULTIPLE_CHOICE)
+EMBEDDING = 'sentence_embedding'
+TASKS = (SEQUENCE, TOKEN, SPAN, MULTIPLE_CHOICE, EMBEDDING)
+# How a sentence embedding pools the token states (sentence-transformers' Pooling modes).
+POOLING_MODES = ('mean', 'cls')
 # HF problem types of BertForSequenceClassification; its loss is chosen by this field.
 PROBLEM_TYPES = ('regression', 'single_label_classification', 'multi_label_classification')
 # Parameter group of each task's head (also its name in HF's state dict).
@@ -45,7 +48,8 @@ HEAD_PARAM = {SEQUENCE: 'classifier', TOKEN: 'classifier', SPAN: 'qa_outputs',
 # Logical axis of each head's input: the pooler's output (`mlp`, like the NSP head) or tokens.
 HEAD_IN_AXIS = {SEQUENCE: 'mlp', TOKEN: 'embed', SPAN: 'embed', MULTIPLE_CHOICE: 'mlp'}
 # Heads whose output width is fixed by the task: (start, end) and one score per choice.
-FIXED_OUTPUTS = {SPAN: (2, '(start, end)'), MULTIPLE_CHOICE: (1, '(one score per choice)')}
+FIXED_OUTPUTS = {SPAN: (2, '(start, end)'), MULTIPLE_CHOICE: (1, '(one score per choice)'),
+                 EMBEDDING: (1, '(one pooled embedding per text, no classifier)')}
 ENCODER_GROUPS = ('embeddings', 'encoder', 'pooler')
 # ModernBERT's task heads all start from the MLM head's transform.
 MODERN_ENCODER_GROUPS = ('embeddings', 'encoder', 'mlm_transform', 'mlm_layer_norm')
@@ -66,6 +70,7 @@ class Head:
   labels: tuple[str, ...] | None = None
   problem_type: str | None = None
   classifier_dropout: float | None = None
+  pooling: str = 'mean'  # sentence_embedding only: POOLING_MODES
 
   def __post_init__(self):
     if self.labels is not None:  # a list from JSON would make the (static) head unhashable
@@ -81,6 +86,8 @@ class Head:
     if self.task == MULTIPLE_CHOICE and self.labels is not None:
       raise ValueError(f'Head(task={MULTIPLE_CHOICE!r}) scores each choice and has no label '
                        'names; leave labels unset')
+    if self.pooling not in POOLING_MODES:
+      raise ValueError(f'Head.pooling={self.pooling!r}: expected one of {POOLING_MODES}')
     if self.num_labels < 1:
       raise ValueError(f'Head.num_labels={self.num_labels}: needs at least 1')
     if self.labels is not None and len(self.labels) != self.num_labels:
@@ -130,7 +137,10 @@ def _head_dense(cfg: BertConfig, features: int, in_axis: str, name: str) -> nn.D
 
 
 def encoder_groups(cfg: BertConfig, head: 'Head') -> tuple[str, ...]:
-  """The parameter groups a head model takes from a pre-trained tree."""
+  """The parameter groups a head model takes from a pre-trained tree (an embedding model: the
+  encoder alone, as HF's `BertModel` / `ModernBertModel` without a pooler)."""
+  if head.task == EMBEDDING:
+    return ENCODER_GROUPS[:2]
   if cfg.arch == 'modern':
     return MODERN_ENCODER_GROUPS
   return ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
@@ -280,8 +290,48 @@ class BertForMultipleChoice(nn.Module):
     return scores.astype(jnp.float32).reshape(batch, choices)
 
 
+def pool(sequence_output: jax.Array, input_mask: jax.Array | None, mode: str = 'mean'
+         ) -> jax.Array:
+  """Sentence embeddings [B, H] float32 of the encoder's states [B, S, H], as
+  sentence-transformers' `Pooling` computes them: `mean` sums the real tokens' states
+  (input_mask 1) in float32 and divides by their count clamped at 1e-9 (an all-padding row
+  gives zeros, not NaN); `cls` takes position 0 (the first unpadded token of right-padded
+  rows)."""
+  if mode not in POOLING_MODES:
+    raise ValueError(f'pooling={mode!r}: expected one of {POOLING_MODES}')
+  states = sequence_output.astype(jnp.float32)
+  if mode == 'cls':
+    return states[:, 0]
+  mask = (jnp.ones(states.shape[:2], jnp.float32) if input_mask is None
+          else input_mask.astype(jnp.float32))
+  total = jnp.einsum('bsh,bs->bh', states, mask, precision=jax.lax.Precision.HIGHEST)
+  return total / jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1e-9)
+
+
+class BertForSentenceEmbedding(nn.Module):
+  """Texts [..., S] -> embeddings [..., H] float32: every text its own encoder row, its token
+  states pooled (`head.pooling`), no pooler and no classifier, as a sentence-transformers
+  model (Transformer + Pooling) embeds it. A bi-encoder batch is [B, texts, S]: a query, its
+  positive and any hard negatives per row."""
+
+  cfg: BertConfig
+  head: Head = Head(EMBEDDING)
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None,
+               deterministic: bool = True) -> jax.Array:
+    lead, length = input_ids.shape[:-1], input_ids.shape[-1]
+    rows = lambda x: None if x is None else jnp.reshape(x, (-1, length))
+    sequence_output, _ = encode(self.cfg, rows(input_ids), rows(input_mask), rows(segment_ids),
+                                position_ids=rows(position_ids), add_pooler=False,
+                                deterministic=deterministic)
+    embeddings = pool(sequence_output, rows(input_mask), self.head.pooling)
+    return embeddings.reshape(lead + embeddings.shape[-1:])
+
+
 MODELS = {SEQUENCE: BertForSequenceClassification, TOKEN: BertForTokenClassification,
-          SPAN: BertForQuestionAnswering, MULTIPLE_CHOICE: BertForMultipleChoice}
+          SPAN: BertForQuestionAnswering, MULTIPLE_CHOICE: BertForMultipleChoice,
+          EMBEDDING: BertForSentenceEmbedding}
 
 
 def _dropout(cfg: BertConfig, head: Head) -> float:
@@ -334,6 +384,8 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
     raise ValueError(f'{source}: parameters lack {missing}; expected a BertForPreTraining '
                      f'tree ({", ".join(groups)})')
   params = {g: encoder_params[g] for g in groups}
+  if head.task == EMBEDDING:  # no head parameters: the pooled encoder is the model
+    return params
   if head_params is None:
     name = head_param(cfg, head.task)
     init = (f'truncated N(0, {cfg.hidden_size ** -0.5:.3g})' if cfg.arch == 'modern'
