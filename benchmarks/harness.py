@@ -341,7 +341,7 @@ if __name__ == '__main__':
 def demo_mr(init: str, workdir: str, seeds: int, recipe: str = 'mr', **overrides) -> dict:
   """MR test accuracy {median, min, max, values, majority} of configs/demo.py's `recipe` from
   `init`, as the demo fine-tunes (a complete earlier run in `workdir` is reused)."""
-  from bert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import results, run as finetune  # pylint: disable=g-import-not-at-top
   from configs import common, demo as recipes  # pylint: disable=g-import-not-at-top
   config = common.override(recipes.RECIPES[recipe](init, seeds), overrides)
-  return finetune.split_headline(finetune.run_or_reuse(config, workdir), 'test')
+  return results.split_headline(finetune.run_or_reuse(config, workdir), 'test')

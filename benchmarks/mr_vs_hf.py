@@ -29,7 +29,7 @@ Identical settings on both sides (every one of them):
   default `pad_to_max_length=True`; ours with `data.length_buckets=1`, the static length);
 - batch 32; the last batch of an epoch has 8,057 mod 32 = 25 rows (ours: padded to 32 with
   zero-weight rows, the loss a weighted mean over the 25; HF: a batch of 25, mean loss);
-- order: epoch e's batches are `finetune.epoch_rows(seed, e, n, 32)`, i.e.
+- order: epoch e's batches are `batching.epoch_rows(seed, e, n, 32)`, i.e.
   `np.random.default_rng([seed, e]).permutation(n)` -- the very same order on both sides;
 - epochs 2 (`--epochs`); 504 steps for 2 epochs;
 - optimizer: AdamW *with* bias correction (torch.optim.AdamW; ours `optimizer.name=adamw`,
@@ -154,10 +154,10 @@ _NUM_TRAIN = {}
 
 
 def results_examples_counted(run, record) -> int:
-  """Examples the epoch's timer counted: all but the first batch's (finetune.Throughput)."""
+  """Examples the epoch's timer counted: all but the first batch's (hooks.Throughput)."""
   n, seed = _NUM_TRAIN['n'], run['seed']
-  from bert_jax.finetune import run as finetune
-  rows = finetune.epoch_rows(seed, record['epoch'] - 1, n, BATCH)
+  from input_pipeline.tasks import batching
+  rows = batching.epoch_rows(seed, record['epoch'] - 1, n, BATCH)
   return int((rows[1:] >= 0).sum())
 
 
@@ -195,7 +195,7 @@ def hf_accuracy(model, data, torch) -> float:
 def run_hf(model_dir, data, seed, epochs) -> dict:
   import torch
   import transformers
-  from bert_jax.finetune import run as finetune
+  from input_pipeline.tasks import batching
   t0 = time.perf_counter()
   torch.manual_seed(seed)
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -218,7 +218,7 @@ def run_hf(model_dir, data, seed, epochs) -> dict:
   history, losses = [], []
   best_dev, best = -1.0, None
   for epoch in range(epochs):
-    rows = finetune.epoch_rows(seed, epoch, n, BATCH)
+    rows = batching.epoch_rows(seed, epoch, n, BATCH)
     loss_sum = torch.zeros(())
 
     def step(b, rows=rows):
@@ -235,7 +235,7 @@ def run_hf(model_dir, data, seed, epochs) -> dict:
       loss_sum += out.loss.detach()
       return len(idx)
 
-    # every step but the epoch's first is timed (ours: finetune.Throughput skips it too)
+    # every step but the epoch's first is timed (ours: hooks.Throughput skips it too)
     timing = harness.timed(step, steps=steps_per_epoch - 1, warmup=1, sync=lambda rows: rows)
     seconds += sum(timing.values)
     examples += sum(timing.results)

@@ -106,7 +106,7 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
       'objective': setup.objective.name,
       'mesh': dict(setup.mesh.shape), 'global_batch': b, 'seq_len': s, 'packed': packed,
       'rows_per_chip': b / len(devices), 'remat_policy': setup.model_cfg.remat_policy,
-      'mlm_loss_chunk': config.model.get('mlm_loss_chunk', 0) if 'task' not in config else 0,
+      'mlm_loss_chunk': config.model.mlm_loss_chunk if 'task' not in config else 0,
       'attention_impl': setup.model_cfg.attention_impl,
       'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
@@ -214,10 +214,10 @@ def _finetuning_setup(config, devices, num_labels: int | None):
   compiled step: 1,000 steps)."""
   # pylint: disable=g-import-not-at-top
   from bert_jax.convert import loaders
-  from bert_jax.finetune import run as finetune_run, tasks
+  from bert_jax.finetune import program, run as finetune_run, tasks
   if not config.init:
     raise ValueError('a fine-tuning config needs --config.init=<start point> (its config.json '
                      'or bert_config.json is read for the model shapes, not its weights)')
   cfg = loaders.model_config_of(config.init).replace(**finetune_run.model_overrides(config))
   kind, head = tasks.head_without_data(config, num_labels)
-  return finetune_run.setup_for(config, cfg, head, kind, 1000, devices)
+  return program.setup_for(config, cfg, head, kind, 1000, devices)

@@ -40,7 +40,7 @@ import time
 from absl import app, flags, logging
 
 from bert_jax.convert import fill_mask
-from bert_jax.finetune import run as finetune
+from bert_jax.finetune import results as finetune_results, run as finetune
 from bert_jax.pretrain import baselines
 from bert_jax.training.metric_writer import read_metrics
 from configs import bert_base, common
@@ -136,7 +136,7 @@ def mr_config(init: str, seeds: int, recipe: str = 'mr', **overrides):
 def finetune_mr(init: str, workdir: str, seeds: int, recipe: str = 'mr', **overrides) -> dict:
   """MR test accuracy {median, min, max, values, majority} of configs/demo.py's `recipe`."""
   results = finetune.run_or_reuse(mr_config(init, seeds, recipe, **overrides), workdir)
-  return finetune.split_headline(results, 'test')
+  return finetune_results.split_headline(results, 'test')
 
 
 def minilm_path() -> str:

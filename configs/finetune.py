@@ -21,15 +21,20 @@ sets) and 5e-5 for CoNLL and SQuAD (the paper's SQuAD setting; the usual NER one
 import ml_collections
 
 from configs import common
+from input_pipeline.tasks import registry
 
-GLUE = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
-TASKS = GLUE + ('mr', 'mr_regression', 'conll', 'squad', 'squad_v2', 'swag', 'generic')
+
+def tasks() -> tuple[str, ...]:
+  """Every registered task (input_pipeline/tasks/registry.py), including ones a user's module
+  registered after import."""
+  return tuple(registry.TASKS)
 
 
 def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   task = task.lower().replace('-', '')
-  if task not in TASKS:
-    raise ValueError(f'configs/finetune.py:{task}: unknown task; expected one of {TASKS}')
+  if task not in registry.TASKS:
+    raise ValueError(f'configs/finetune.py:{task}: unknown task; expected one of {tasks()}')
+  spec = registry.TASKS[task]
   c = ml_collections.ConfigDict()
   c.task = task  # selects the readers, head, loss and metrics (set by :<task>)
   c.init = ''  # start point (--init): our workdir, an HF directory or a Google TF checkpoint;
@@ -50,7 +55,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   # in a run of minutes (benchmarks/RESULTS.md, "The CPU allocator").
   c.model.scan_layers = False
 
-  c.data = _data_config(task)
+  c.data = _data_config(spec)
 
   # peak 2e-5; 5e-5 for conll and squad (see above); warmup 10% of all steps of the run
   c.optimizer = common.optimizer_block(learning_rate=2e-5, warmup_proportion=0.1,
@@ -65,11 +70,11 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   c.train.stop_after_epoch = 0
 
   common.add_parallelism(c)
-  _task_defaults(c, task)
+  spec.defaults(c)
   return c
 
 
-def _data_config(task: str) -> ml_collections.ConfigDict:
+def _data_config(spec: registry.TaskSpec) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.max_seq_length = 128  # tokens with [CLS]/[SEP]; longer inputs are truncated
   # Batches are padded to the smallest of this many evenly spaced lengths (the last is
@@ -78,66 +83,5 @@ def _data_config(task: str) -> ml_collections.ConfigDict:
   d.length_buckets = 4
   # Train on the first N training records as read (sentences, rows, SQuAD questions), 0 = all.
   d.max_train_examples = 0
-  if task in GLUE:
-    d.glue_dir = ''  # the task's directory of the GLUE download (glue_data/MRPC) or its root
-    d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
-    if task == 'mnli':
-      # GLUE's diagnostic test set (AX.tsv), predicted for the leaderboard; empty: looked for
-      # beside glue_dir (glue_data/AX/AX.tsv, glue_data/diagnostic/diagnostic.tsv) and under it.
-      d.ax_file = ''
-  elif task in ('mr', 'mr_regression'):
-    # vaderSentiment-3.3.2.tar.gz, hutto_ICWSM_2014.tar.gz or the ratings .txt; empty:
-    # download the sdist with pip into mr_cache_dir (SHA-256 checked).
-    d.mr_file = ''
-    d.mr_cache_dir = 'runs/cache/mr'  # where fetch_mr keeps the sdist
-    d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/tasks/mr.py)
-  elif task == 'conll':
-    # Column files, one word a line: `word TAG`, CoNLL-2003's `word POS chunk NER`, or any
-    # other column count (each file's first line sets it). Entity tags (B-/I-/E-/S-X and O)
-    # are scored by entity F1, bare tags (POS: NN, VBZ) by token accuracy.
-    d.train_file = ''
-    d.dev_file = ''
-    d.test_file = ''  # optional; labelled, so the best-dev epoch's test score is reported
-    d.label_column = -1  # the tag column, 0-based; negative counts from the end (-1: last)
-    d.labels = ''  # comma list of tags; empty: CoNLL-2003's if the data fits, else the train's
-  elif task in ('squad', 'squad_v2'):
-    d.train_file = ''  # train-v1.1.json / train-v2.0.json
-    d.dev_file = ''  # dev-v1.1.json / dev-v2.0.json
-    d.test_file = ''  # optional, same JSON with answers: scored (EM, F1) at the best epoch
-    d.max_seq_length = 384  # window length: [CLS] question [SEP] context [SEP]
-    d.doc_stride = 128  # context tokens between window starts
-    d.max_query_length = 64  # question tokens kept
-    d.n_best_size = 20  # candidate starts and ends per window
-    d.max_answer_length = 30  # tokens
-    d.null_score_diff_threshold = 0.0  # squad_v2: answer "" when null beats spans by this
-    # Refuse a training file in which more than this fraction of the answers cannot be
-    # aligned (answer_start not at the answer text, or no window holds it): they are dropped,
-    # and many of them means offsets in other units (bytes) or a different context.
-    d.max_misaligned_fraction = 0.01
-  elif task == 'swag':
-    # rowanz/swagaf data/: sent1, sent2, ending0..3, label (input_pipeline/tasks/swag.py); each
-    # choice is `[CLS] sent1 [SEP] sent2 ending_i [SEP]`, cut to max_seq_length (128).
-    d.train_file = ''  # train.csv
-    d.dev_file = ''  # val.csv
-    d.test_file = ''  # optional test.csv: no labels, so predicted (predictions/test.tsv)
-  else:  # generic
-    d.train_file = ''  # .csv / .tsv (header names the columns) / .jsonl
-    d.dev_file = ''
-    d.test_file = ''  # optional; scored if it has the label column, else predicted (predictions/)
-    d.text_a = 'sentence'  # column names
-    d.text_b = ''  # empty: single sentences
-    d.label = 'label'  # the label column (classification or, with regression, a number)
-    d.labels = ''  # comma list fixing the label order; empty: sorted train labels
-    d.regression = False  # labels are numbers: MSE loss, Pearson/Spearman
-    d.skip_bad_lines = False  # skip rows with the wrong column count instead of failing
+  spec.data_fields(d)  # the task's own files and settings
   return d
-
-
-def _task_defaults(c: ml_collections.ConfigDict, task: str) -> None:
-  if task in ('conll', 'squad', 'squad_v2'):
-    c.optimizer.learning_rate = 5e-5
-  if task == 'squad_v2':  # the paper: 2 epochs, batch 48 for SQuAD 2.0
-    c.train.num_epochs = 2
-    c.train.global_batch_size = 48
-  if task == 'swag':  # the paper, section 4.4: 3 epochs, learning rate 2e-5, batch 16
-    c.train.global_batch_size = 16

@@ -41,18 +41,20 @@ def test_tiny_pretraining_step_compiles_for_a_small_v4_slice_and_fits():
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
 
 
-@pytest.mark.parametrize('task,objective', [('mnli', 'fine-tuning (classification)'),
-                                            ('squad', 'fine-tuning (span)')])
+@pytest.mark.parametrize('task,objective,batch,length', [
+    ('mnli', 'fine-tuning (classification)', 32, 128), ('squad', 'fine-tuning (span)', 32, 384),
+    ('conll', 'fine-tuning (tagging)', 32, 128), ('swag', 'fine-tuning (multiple_choice)', 16, 128)])
 def test_fine_tuning_step_compiles_for_v4_from_the_start_points_config_alone(
-    tmp_path, task, objective):
+    tmp_path, task, objective, batch, length):
   """Only the start point's config.json exists: the shapes come from it, no weights are
-  read; the task's head and loss come from configs/finetune.py:<task>."""
+  read; the task's head, loss and batch schema (per-token labels for tagging, [B, 4, S]
+  choices for SWAG) come from its kind."""
   cfg = BertConfig.from_preset('tiny', vocab_size=1000)
   (tmp_path / 'config.json').write_text(json.dumps(hf.config_to_hf(cfg)))
   result = run_aot(f'--config=configs/finetune.py:{task}', f'--config.init={tmp_path}',
                    '--topology=v4:2x2x1')
   assert result['objective'] == objective and result['chips'] == 4
-  assert result['global_batch'] == 32 and result['seq_len'] == (384 if task == 'squad' else 128)
+  assert result['global_batch'] == batch and result['seq_len'] == length
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
 
 

@@ -21,13 +21,15 @@ import torch
 import transformers
 
 from bert_jax.convert import hf, hf_heads, start_points
-from bert_jax.finetune import metrics, run as finetune, squad_answers, tasks as finetune_tasks
+from bert_jax.finetune import metrics, program, results as finetune_results, run as finetune
+from bert_jax.finetune import squad_answers
+from bert_jax.finetune import tasks as finetune_tasks
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import checkpointing, run_control
 from bert_jax.training.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
-from input_pipeline.tasks import squad
+from input_pipeline.tasks import batching, registry, squad
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,8 +200,8 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
   the uninterrupted 3-epoch run."""
   files, whole_dir, whole = classified
   workdir = str(tmp_path / 'resumed')
-  monkeypatch.setattr(finetune.Program, 'train_step',
-                      sigterm_after_call(finetune.Program.train_step, 5))
+  monkeypatch.setattr(program.Program, 'train_step',
+                      sigterm_after_call(program.Program.train_step, 5))
   preempted = finetune.run(generic_config(files, start_dir), workdir)
   monkeypatch.undo()
   assert preempted['runs'][0]['step'] == 5 and not preempted['complete']
@@ -234,11 +236,11 @@ def test_resumed_run_equals_the_uninterrupted_one(classified, start_dir, tmp_pat
 def run_stopped_by_sigterm(monkeypatch, config, workdir, steps: int):
   """finetune.run with the real SIGTERM sent to this process after `steps` training steps;
   returns its results and Program.predict's call counter (`.calls`, from now on)."""
-  predict = sigterm_after_call(finetune.Program.predict, None)
-  monkeypatch.setattr(finetune.Program, 'predict', predict)
+  predict = sigterm_after_call(program.Program.predict, None)
+  monkeypatch.setattr(program.Program, 'predict', predict)
   with monkeypatch.context() as m:
-    m.setattr(finetune.Program, 'train_step',
-              sigterm_after_call(finetune.Program.train_step, steps))
+    m.setattr(program.Program, 'train_step',
+              sigterm_after_call(program.Program.train_step, steps))
     return finetune.run(config, workdir), predict
 
 
@@ -272,9 +274,9 @@ def test_a_notice_during_the_test_prediction_saves_before_the_export_and_the_res
   uninterrupted run's epoch 1 scores, and the export."""
   files, _, whole = classified
   workdir = str(tmp_path / 'run')
-  predict = sigterm_after_call(finetune.Program.predict, 2)  # epoch 1's dev, then its test
+  predict = sigterm_after_call(program.Program.predict, 2)  # epoch 1's dev, then its test
   with monkeypatch.context() as m:
-    m.setattr(finetune.Program, 'predict', predict)
+    m.setattr(program.Program, 'predict', predict)
     stopped = finetune.run(generic_config(files, start_dir), workdir)
   assert stopped['runs'][0]['step'] == 12 and stopped['runs'][0]['epochs_done'] == 0
   assert predict.calls == 2 and not os.path.exists(os.path.join(workdir, 'hf_export'))
@@ -312,7 +314,7 @@ def test_a_notice_in_the_runs_last_step_leaves_it_incomplete_and_one_rescoring_f
   stopped, predicted = run_stopped_by_sigterm(monkeypatch, generic_config(files, start_dir),
                                               workdir, 36)
   assert stopped['runs'][0]['step'] == 36 and stopped['runs'][0]['epochs_done'] == 2
-  assert not stopped['complete'] and '**Incomplete run.**' in finetune.markdown(stopped)
+  assert not stopped['complete'] and '**Incomplete run.**' in finetune_results.markdown(stopped)
   before = predicted.calls
   finished = finetune.run(generic_config(files, start_dir), workdir)
   assert finished['complete'] and predicted.calls > before
@@ -330,7 +332,7 @@ def test_the_non_finite_rule_stops_on_a_nan_gradient_norm_with_a_finite_loss(
   fine-tuning too, although its loss is still finite, before any checkpoint."""
   files = classification_files(tmp_path)
   workdir = str(tmp_path / 'w')
-  real_step = finetune.Program.train_step
+  real_step = program.Program.train_step
 
   def nan_gradient_at_step_3(self, state, batch):
     state, metrics = real_step(self, state, batch)
@@ -338,7 +340,7 @@ def test_the_non_finite_rule_stops_on_a_nan_gradient_norm_with_a_finite_loss(
       metrics = dict(metrics, grad_norm=jax.numpy.float32('nan'))
     return state, metrics
 
-  monkeypatch.setattr(finetune.Program, 'train_step', nan_gradient_at_step_3)
+  monkeypatch.setattr(program.Program, 'train_step', nan_gradient_at_step_3)
   with pytest.raises(run_control.NonFiniteError,
                      match=r'seed 0 step 3: loss=[0-9.]+ grad_norm=nan param_norm=[0-9.]+ is '
                            r'not finite; stopped without saving \(no checkpoint yet\)'):
@@ -670,7 +672,7 @@ def test_a_start_points_head_with_other_labels_is_refused(start_dir, tmp_path):
                                        r"but task generic has labels \['neg', 'pos'\]; pass "
                                        '--config.fresh_head=True'):
     finetune.run(generic_config(files, three_way), str(tmp_path / 'w'))
-  records = finetune_tasks.TaskRecords('generic', 'classification', [], [], ('neg', 'pos'))
+  records = registry.TaskRecords('generic', 'classification', [], [], ('neg', 'pos'))
   assert finetune_tasks.reconcile_labels(records, head, three_way, fresh_head=True) == (
       'neg', 'pos')
   flipped = heads.Head(heads.SEQUENCE, num_labels=2, labels=('pos', 'neg'))
@@ -707,7 +709,7 @@ def test_mnli_splits_scores_in_a_heads_label_order_and_leaderboard_files(start_d
   for path in ('MNLI/test_matched', 'MNLI/test_mismatched', 'diagnostic/diagnostic'):
     write_table(root / f'{path}.tsv', unlabelled, ('index', 'sentence1', 'sentence2'))
   c = config('mnli', start_dir, **{'data.glue_dir': str(root)})
-  records = finetune_tasks.read_task(c)
+  records = registry.read_task(c)
   assert [(s.name, s.role, s.glue_name) for s in records.splits] == [
       ('dev_matched', 'dev', 'MNLI-m'), ('dev_mismatched', 'dev', 'MNLI-mm'),
       ('test_matched', 'test', 'MNLI-m'), ('test_mismatched', 'test', 'MNLI-mm'),
@@ -736,7 +738,7 @@ def test_squad_v2_no_answer_baseline_and_positions(start_dir, tmp_path):
   path.write_text(json.dumps(data))
   c = config('squad_v2', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path),
                                        'data.max_seq_length': 48, 'data.max_query_length': 16})
-  records = finetune_tasks.read_task(c)
+  records = registry.read_task(c)
   task = finetune_tasks.featurize(records, (), start_points.load_start_point(start_dir).tokenizer,
                                   c.data)
   assert task.head.task == heads.SPAN and task.squad_v2
@@ -802,11 +804,11 @@ def test_entity_tags_report_entity_f1_and_token_accuracy(start_dir, tmp_path):
   path = tmp_path / 'ner.txt'
   path.write_text('alice B-PER\nwent O\nto O\nrome B-LOC\n\nbob B-PER\nsmith I-PER\n')
   c = config('conll', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path)})
-  records = finetune_tasks.read_task(c)
+  records = registry.read_task(c)
   task = finetune_tasks.featurize(records, records.labels,
                                   start_points.load_start_point(start_dir).tokenizer, c.data)
   dev = task.evals[0]
-  assert task.entity_tags and task.headline_name(dev) == 'entity_f1'
+  assert task.kind.entity_tags(task) and task.headline_name(dev) == 'entity_f1'
   # 5 of 6 words right; "bob smith" is cut short, so 2 of 3 entities match (P = R = 2/3).
   got = task.score_predictions(dev, [['B-PER', 'O', 'O', 'B-LOC'], ['B-PER', 'O']])
   assert got['token_accuracy'] == pytest.approx(5 / 6)
@@ -823,7 +825,7 @@ def test_ax_is_found_beside_mnli_named_by_ax_file_or_warned_about(start_dir, tmp
                 ('index', 'sentence1', 'sentence2', 'gold_label'))
   c = config('mnli', start_dir, **{'data.glue_dir': str(root / 'MNLI')})
   with caplog.at_level('WARNING'):
-    records = finetune_tasks.read_task(c)
+    records = registry.read_task(c)
   assert [s.name for s in records.splits] == ['dev_matched', 'dev_mismatched']
   warnings = [r for r in caplog.records if r.levelname == 'WARNING' and 'AX' in r.message]
   assert len(warnings) == 1 and 'glue_data/AX/AX.tsv' in warnings[0].message
@@ -831,35 +833,35 @@ def test_ax_is_found_beside_mnli_named_by_ax_file_or_warned_about(start_dir, tmp
   (root / 'AX').mkdir()
   write_table(root / 'AX' / 'AX.tsv', [(i, 'a film', 'the plot') for i in range(3)],
               ('index', 'sentence1', 'sentence2'))
-  records = finetune_tasks.read_task(c)  # the sibling of glue_data/MNLI
+  records = registry.read_task(c)  # the sibling of glue_data/MNLI
   ax = records.splits[-1]
   assert (ax.name, ax.role, ax.glue_name, len(ax.records)) == ('test_ax', 'test', 'AX', 3)
   write_table(tmp_path / 'mine.tsv', [(9, 'a', 'b')], ('index', 'sentence1', 'sentence2'))
   c.data.ax_file = str(tmp_path / 'mine.tsv')
-  assert [e.index for e in finetune_tasks.read_task(c).splits[-1].records] == [9]
+  assert [e.index for e in registry.read_task(c).splits[-1].records] == [9]
   c.data.ax_file = str(tmp_path / 'nope.tsv')
   with pytest.raises(FileNotFoundError, match=r'nope.tsv: no such file \(GLUE AX test\)'):
-    finetune_tasks.read_task(c)
+    registry.read_task(c)
 
 
 def test_max_train_examples_trains_on_the_first_records(start_dir, tmp_path):
   files = classification_files(tmp_path)
-  full = finetune_tasks.read_task(generic_config(files, start_dir))
-  part = finetune_tasks.read_task(generic_config(files, start_dir,
+  full = registry.read_task(generic_config(files, start_dir))
+  part = registry.read_task(generic_config(files, start_dir,
                                                  **{'data.max_train_examples': 10}))
   assert len(full.train) == 192 and part.train == full.train[:10]
   assert part.labels == full.labels and part.splits[0].records == full.splits[0].records
   more = generic_config(files, start_dir, **{'data.max_train_examples': 500})
-  assert finetune_tasks.read_task(more).train == full.train
+  assert registry.read_task(more).train == full.train
   conll_file = tmp_path / 'ner.txt'
   conll_file.write_text(conll_text(random.Random(1), 12))
   c = config('conll', start_dir, **{'data.train_file': str(conll_file),
                                     'data.dev_file': str(conll_file),
                                     'data.max_train_examples': 5})
-  records = finetune_tasks.read_task(c)
+  records = registry.read_task(c)
   assert records.train == records.splits[0].records[:5]  # sentences, in file order
   with pytest.raises(ValueError, match=r'data.max_train_examples=-1: expected 0 \(all\)'):
-    finetune_tasks.read_task(generic_config(files, start_dir, **{'data.max_train_examples': -1}))
+    registry.read_task(generic_config(files, start_dir, **{'data.max_train_examples': -1}))
 
 
 # ----------------------------------------------------------------------------- SWAG
@@ -982,19 +984,19 @@ def test_squad_v2_task_decodes_with_the_tokenizers_casing_and_reports_best_thres
   path.write_text(json.dumps(data))
   c = config('squad_v2', start_dir, **{'data.train_file': str(path), 'data.dev_file': str(path),
                                        'data.max_seq_length': 48, 'data.max_query_length': 16})
-  task = finetune_tasks.featurize(finetune_tasks.read_task(c), (), tok, c.data)
+  task = finetune_tasks.featurize(registry.read_task(c), (), tok, c.data)
   split = task.evals[0]
   rng = np.random.default_rng(0)
-  outputs = {k: rng.normal(0, 2, (len(split.squad_features), 48))
+  outputs = {k: rng.normal(0, 2, (len(split.features), 48))
              for k in ('start_logits', 'end_logits')}
-  for k, f in enumerate(split.squad_features):  # gold spans (or [CLS]) well ahead of the rest
+  for k, f in enumerate(split.features):  # gold spans (or [CLS]) well ahead of the rest
     outputs['start_logits'][k, f.start_position] += 6
     outputs['end_logits'][k, f.end_position] += 6
   predictions = task.predictions(split, outputs)
   assert predictions['bat0'] == 'Steve Smith'  # not "Steve Smith's"
   scores = task.score(split, outputs)
   found = squad_answers.squad_predictions(
-      split.records, split.squad_features, outputs['start_logits'], outputs['end_logits'], tok,
+      split.records, split.features, outputs['start_logits'], outputs['end_logits'], tok,
       version_2_with_negative=True)
   gold = squad.gold_answers(split.records)
   official = metrics.squad_evaluate(gold, found.predictions, version_2=True)
@@ -1016,7 +1018,7 @@ def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row()
   for i, n in enumerate((5, 30, 33, 100)):
     mask[i, :n] = 1
   arrays = {'input_ids': mask.copy(), 'input_mask': mask}
-  length = lambda rows, buckets=4: finetune.bucket_length(arrays, np.array(rows), buckets)
+  length = lambda rows, buckets=4: batching.bucket_length(arrays, np.array(rows), buckets)
   assert [length([0]), length([0, 1]), length([0, 2]), length([3, -1]), length([-1])] == [
       32, 32, 64, 128, 128]
   assert length([0], buckets=1) == 128 and length([0], buckets=16) == 8
@@ -1024,7 +1026,7 @@ def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row()
   config.data.length_buckets = 0
   with pytest.raises(ValueError, match=r'data.length_buckets=0: expected 1'):
     finetune.check_batch_sizes(config)
-  cut = finetune.take(arrays, np.array([1, -1]), ('input_ids', 'input_mask'), 32)
+  cut = batching.take(arrays, np.array([1, -1]), ('input_ids', 'input_mask'), 32)
   assert cut['input_ids'].shape == (2, 32) and cut['input_mask'][0].sum() == 30
 
 

@@ -18,7 +18,7 @@ import transformers
 
 import hf_reference
 from bert_jax.convert import hf, hf_heads, start_points
-from bert_jax.finetune import step as finetune_step
+from bert_jax.finetune import kinds
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import sharding as shd
@@ -338,8 +338,8 @@ def test_multiple_choice_logits_and_loss_match_hf_pytorch(size):
   assert ours['logits'].shape == (2, 4)
   check_parity(ours, {'logits': theirs.logits.numpy()}, f'{size} multiple choice')
   assert np.max(np.abs(ours['logits'] - theirs.logits.numpy())) <= 1e-4
-  total, weight = finetune_step.loss_sums(
-      'multiple_choice', ours['logits'], {'labels': labels, 'label_weights': np.ones(2)})
+  total, weight = kinds.get('multiple_choice').loss_sums(
+      ours['logits'], {'labels': labels, 'label_weights': np.ones(2)})
   np.testing.assert_allclose(float(total / weight), float(theirs.loss), rtol=1e-5)
 
 

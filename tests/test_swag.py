@@ -10,7 +10,7 @@ import transformers
 
 from bert_jax.finetune import tasks as finetune_tasks
 from configs import finetune as finetune_configs
-from input_pipeline.tasks import features as features_lib, swag
+from input_pipeline.tasks import registry, swag, task_arrays as features_lib
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
@@ -136,8 +136,8 @@ def test_swag_task_scores_accuracy_against_chance(tmp_path):
   assert (c.train.global_batch_size, c.optimizer.learning_rate, c.train.num_epochs,
           c.data.max_seq_length) == (16, 2e-5, 3, 128)  # the paper's section 4.4
   c.data.train_file, c.data.dev_file, c.data.test_file = files['train'], files['val'], files['test']
-  records = finetune_tasks.read_task(c)
-  assert records.kind == finetune_tasks.MULTIPLE_CHOICE
+  records = registry.read_task(c)
+  assert records.kind == 'multiple_choice'
   assert [(s.name, s.role, s.labelled) for s in records.splits] == [
       ('dev', 'dev', True), ('test', 'test', False)]
   tok = WordPieceTokenizer(VOCAB, do_lower_case=True)
@@ -153,4 +153,4 @@ def test_swag_task_scores_accuracy_against_chance(tmp_path):
   assert open(path).read().splitlines() == ['index\tprediction', '0\t2', '1\t0']
   c.data.dev_file = files['test']
   with pytest.raises(ValueError, match=r"test.csv, line 1, field 'label': no such column"):
-    finetune_tasks.read_task(c)
+    registry.read_task(c)

@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax.finetune import squad_answers
 from bert_jax.finetune.metrics import normalize_answer
-from input_pipeline.tasks import conll, features as task_features, glue, mr, records as tasks, squad
+from input_pipeline.tasks import conll, task_arrays as task_features, glue, mr, records as tasks, squad
 from input_pipeline.tasks.records import Example, TaggedSentence
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 

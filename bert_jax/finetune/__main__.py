@@ -20,7 +20,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import results, run  # pylint: disable=g-import-not-at-top
   from bert_jax.training import log_filters, run_control  # pylint: disable=g-import-not-at-top
   run_control.start_processes()
   log_filters.quiet_library_info()
@@ -28,9 +28,9 @@ def main(argv):
   if FLAGS.init:
     config.init = FLAGS.init
   with run_control.user_errors():
-    results = run.run(config, FLAGS.workdir)
+    outcome = run.run(config, FLAGS.workdir)
   if jax.process_index() == 0:
-    print(run.markdown(results), end='')
+    print(results.markdown(outcome), end='')
 
 
 def define_flags():

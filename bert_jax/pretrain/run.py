@@ -11,7 +11,6 @@ last checkpoint stays the last good one. The loop dispatches steps back to back.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import tempfile
@@ -19,17 +18,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
 from bert_jax.convert import start_points
+from bert_jax.convert.workdir import load_run_config
 from bert_jax.model import flops
-from bert_jax.training import batch_schedule, checkpointing, progress, setup as run_setup
+from bert_jax.training import batch_schedule, checkpointing, session, setup as run_setup
 from bert_jax.training import sharding as shd
-from bert_jax.training.loop import Hooks, Loop
-from bert_jax.training.metric_writer import MetricWriter
+from bert_jax.training.loop import Hooks
 from bert_jax.training.run_control import PreemptionFlag
 from bert_jax.pretrain import step as ts
 from input_pipeline import fs
@@ -90,7 +88,7 @@ def _initial_state(setup: run_setup.RunSetup):
   """Fresh, or from `train.init_from`'s params, optionally with its optimizer moments and fresh
   step counts (`train.init_opt_state_from`: NVIDIA's LAMB phase 2)."""
   t = setup.config.train
-  with_moments = t.get('init_opt_state_from', False)
+  with_moments = t.init_opt_state_from
   if with_moments and not t.init_from:
     raise ValueError('train.init_opt_state_from=True needs train.init_from=<phase-1 workdir>; '
                      'set it, or set train.init_opt_state_from=False')
@@ -128,7 +126,7 @@ def _check_reader_batch(config, workdir: str, step: int) -> None:
   path = fs.join(workdir, 'config.json')
   if not fs.exists(path):
     return
-  saved = ml_collections.ConfigDict(json.loads(fs.read_text(path))['train'])
+  saved = load_run_config(workdir).train
   before, now = (batch_schedule.from_config(t, jax.process_count()).unit
                  for t in (saved, config.train))
   if before != now:
@@ -181,41 +179,30 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   t = config.train
   logging.info('mesh %s over %d devices, %d processes', dict(setup.mesh.shape),
                jax.device_count(), jax.process_count())
-  manager = checkpointing.make_manager(workdir, max_to_keep=t.keep_checkpoints,
-                                       keep_period=t.keep_every or None,
-                                       async_save=t.async_checkpoint)
   schedule = batch_schedule.from_config(t, jax.process_count(), math.prod(
       setup.mesh.shape[a] for a in shd.BATCH_AXES))
   if schedule.warmup_steps:
     logging.info('batch-size warmup over %d steps: global batches of %s rows',
                  schedule.warmup_steps, ', '.join(map(str, schedule.sizes())))
-  state, train_iter = _resume(setup, manager, workdir)
-  if jax.process_index() == 0:  # export and eval read the run's config from here; written
-    # after the resume, so a config the checkpoint refuses leaves the run's own in place
-    fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  if state is None:
-    state = _initial_state(setup)
-  step = int(jax.device_get(state.step))
-  preemption = PreemptionFlag()
-  writer = MetricWriter(workdir)
-  bar = progress.progress_bar(t.num_steps, step, desc='train', unit='step',
-                              disable=jax.process_index() != 0)
-  hooks = _PretrainingHooks(setup, workdir, manager, train_iter, writer, bar, schedule)
-  loop = Loop(  # tokens and FLOPs per step: each batch's info (next_batch)
-      setup.train_step(), hooks, preemption, writer, bar, t.log_every,
-      latest_checkpoint=manager.latest_step,
-      peak_flops=(t.peak_flops_per_device or flops.peak_flops_per_device()) * jax.device_count())
-  try:
+  with PreemptionFlag() as preemption, session.open_run(
+      workdir, max_to_keep=t.keep_checkpoints, keep_period=t.keep_every or None,
+      async_save=t.async_checkpoint) as run:
+    state, train_iter = _resume(setup, run.manager, workdir)
+    if jax.process_index() == 0:  # export and eval read the run's config from here; written
+      # after the resume, so a config the checkpoint refuses leaves the run's own in place
+      fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+    if state is None:
+      state = _initial_state(setup)
+    step = int(jax.device_get(state.step))
+    bar = run.progress(t.num_steps, step, desc='train')
+    hooks = _PretrainingHooks(setup, workdir, run.manager, train_iter, run.writer, bar, schedule)
+    loop = run.loop(  # tokens and FLOPs per step: each batch's info (next_batch)
+        setup.train_step(), hooks, preemption, t.log_every,
+        peak_flops=(t.peak_flops_per_device or flops.peak_flops_per_device()) * jax.device_count())
     state, step, stopped = loop.run(state, t.num_steps)
     if stopped:
       logging.warning('preemption notice: all processes saved step %d, exiting', step)
       bar.write(f'preemption notice: saved step {step}; run the same command to resume')
-  finally:
-    preemption.restore()
-    bar.close()
-    writer.close()
-    manager.wait_until_finished()
-    manager.close()
   return {'step': step, 'train': loop.last_train, 'eval': hooks.last_eval}
 
 

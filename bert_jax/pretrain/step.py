@@ -23,7 +23,7 @@ import optax
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
 from bert_jax.pretrain import mlm_loss
 from bert_jax.training.setup import Objective, RunSetup, build, model_config
-from bert_jax.training.state import TrainState
+from bert_jax.training.state import TrainState, apply_gradients
 from input_pipeline.pretraining import objectives
 from input_pipeline.pretraining import dataset as data_lib
 
@@ -138,12 +138,8 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
     (grads, sums), _ = jax.lax.scan(
         body, zeros, (_micro_batches(batch, accum_steps), jnp.arange(accum_steps)))
 
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = summarize(sums)
-  metrics.update(learning_rate=schedule(state.step), grad_norm=optax.tree.norm(grads),
-                 param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  state, update_metrics = apply_gradients(state, grads, tx, schedule)
+  return state, summarize(sums) | update_metrics
 
 
 def eval_step(params, batch, *, model: BertForPreTraining,
@@ -167,7 +163,7 @@ def objective(config) -> Objective:
                      'create_pretraining_data --next_sentence=none and set '
                      '--config.data.sentence_objective=none')
   model = BertForPreTraining(model_cfg)
-  mlm_chunk = config.model.get('mlm_loss_chunk', 0)  # configs written before it: off
+  mlm_chunk = config.model.mlm_loss_chunk
   layout = data_lib.output_layout(data_lib.reader_config(config))
   return Objective(
       name=f'pretraining ({sentence_objective})', model_cfg=model_cfg,

@@ -100,6 +100,13 @@ class PreemptionFlag:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
 
+  def __enter__(self) -> 'PreemptionFlag':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    """SIGTERM gets its previous handler back however the run ends."""
+    self.restore()
+
 
 def define_process_flags() -> None:
   """The flags that join a multi-process job, shared by every entry point that trains."""

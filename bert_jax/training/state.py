@@ -28,6 +28,17 @@ class TrainState:
   rng: jax.Array  # raw uint32 key data, so it checkpoints like any array
 
 
+def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule) -> tuple[TrainState, dict[str, jax.Array]]:
+  """The optimizer update every objective's step ends with: the next state and the metrics
+  of the update itself (learning rate, gradient, parameter and update norms)."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {'learning_rate': schedule(state.step), 'grad_norm': optax.tree.norm(grads),
+             'param_norm': optax.tree.norm(params), 'update_norm': optax.tree.norm(updates)}
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
 def shardings_for(abstract_params, logical_specs, tx, mesh, rules) -> TrainState:
   """NamedSharding for every leaf of the TrainState, from the params' shapes and logical
   PartitionSpecs; optimizer moments follow their params, counts are replicated."""

@@ -1,0 +1,92 @@
+"""Sentence embeddings for search and retrieval: a bi-encoder (every text its own encoder row,
+its token states pooled: `mean` or `cls`, `data.pooling`) trained contrastively with in-batch
+negatives and optional hard negatives, sentence-transformers' MultipleNegativesRankingLoss
+with its scale (`data.similarity_scale`, 20); bert_jax/finetune/contrastive.py.
+
+Training rows are (query, positive[, negative]) from input_pipeline/tasks/pairs.py, as
+[batch, texts, tokens] arrays; each text is tokenized alone (`[CLS] text [SEP]`, cut to
+max_seq_length), as sentence-transformers tokenizes it. An evaluation split is a retrieval
+task (its queries, the corpus of every positive and negative text, the relevant documents per
+query), scored by cosine similarity with BEIR's recall@1/10, MRR@10 and nDCG@10 (the headline),
+next to BM25 on the same split as the lexical baseline. The export is a sentence-transformers
+directory (`SentenceTransformer(path)` loads it) with the pooling trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.convert import sentence_transformers_export
+from bert_jax.finetune import contrastive, retrieval
+from bert_jax.finetune.kinds import base
+from bert_jax.model import heads
+from input_pipeline.tasks import pairs, task_arrays
+from input_pipeline.tasks.records import Example
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class SentenceEmbedding(base.TaskKind):
+  pooling: str = 'mean'
+  scale: float = 20.0
+  max_seq_length: int = 128
+
+  name = 'sentence_embedding'
+  baseline_name = 'BM25'
+  head_task = heads.EMBEDDING
+  headline = retrieval.HEADLINE
+  has_label_list = False
+
+  def configure(self, d) -> 'SentenceEmbedding':
+    return SentenceEmbedding(d.pooling, float(d.similarity_scale), d.max_seq_length)
+
+  def schema(self) -> base.BatchSchema:
+    return base.rows_schema(base.ArraySpec('label_weights', ('batch',), jnp.float32),
+                            row_axes=('batch', 'texts', 'tokens'), sizes=(('texts', 2),))
+
+  def make_head(self, labels, classifier_dropout):
+    return heads.Head(heads.EMBEDDING, pooling=self.pooling)
+
+  def featurize(self, records, labels, tokenizer, d, training, source=''):
+    """Training pairs -> [N, texts, S]; a retrieval split -> its queries then its corpus as
+    [Q + D, 1, S] (embedded one text a row)."""
+    if isinstance(records, pairs.RetrievalSplit):
+      texts = [records.queries + records.corpus]
+    else:
+      texts = [[p.query for p in records], [p.positive for p in records]]
+      if records and records[0].negative is not None:
+        texts.append([p.negative for p in records])
+    columns = [task_arrays.classification_features(
+        [Example(str(i), t, None, None, i) for i, t in enumerate(column)], tokenizer,
+        d.max_seq_length, None) for column in texts]
+    arrays = {k: np.stack([c[k] for c in columns], axis=1) for k in base.MODEL_INPUTS}
+    if not isinstance(records, pairs.RetrievalSplit):
+      arrays['label_weights'] = np.ones(len(records), np.float32)
+    return arrays, None
+
+  def loss_sums(self, outputs, batch):
+    return contrastive.ranking_loss_sums(outputs, batch['label_weights'], self.scale)
+
+  def readout(self, outputs):
+    return {'embeddings': outputs}
+
+  def predictions(self, task, split, outputs):
+    """[Q, D] cosine similarities of every query to every corpus text."""
+    embeddings = outputs['embeddings'][:, 0]
+    q = len(split.records.queries)
+    return retrieval.cosine_scores(embeddings[:q], embeddings[q:])
+
+  def score_predictions(self, task, split, predictions):
+    return retrieval.retrieval_metrics(predictions, split.records.relevant)
+
+  def baseline(self, task, split):
+    r = split.records
+    return retrieval.retrieval_metrics(retrieval.lexical_scores(r.queries, r.corpus),
+                                       r.relevant)
+
+  def export(self, directory, start, head, params):
+    sentence_transformers_export.save_sentence_transformer(
+        directory, start.cfg, params, start.tokenizer, pooling=head.pooling, overwrite=True,
+        max_seq_length=self.max_seq_length)
