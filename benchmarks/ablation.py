@@ -41,7 +41,7 @@ from absl import logging  # noqa: E402
 from bert_jax.pretrain import baselines, run as train  # noqa: E402
 from bert_jax.training.metric_writer import read_metrics  # noqa: E402
 from configs import bert_tiny, demo as demo_recipes  # noqa: E402
-from input_pipeline.pretraining import create_pretraining_data as cpd, demo_corpus  # noqa: E402
+from input_pipeline.pretrain import create_pretraining_data as cpd, demo_corpus  # noqa: E402
 
 # objective@masking_rate[:seed]; the second seed of nsp@0.15 measures the noise.
 VARIANTS = 'nsp@0.15,sop@0.15,none@0.15,nsp@0.30,nsp@0.15:1,none@0.30'

@@ -61,7 +61,7 @@ def config_for(model: str, remat: str, chunk: int, impl: str, extra: dict):
 
 def unrolled_flops(config, devices, rows: int, depths: tuple[int, int]) -> dict:
   """Compiled FLOPs of unrolled layers at two depths, extrapolated to the model's depth."""
-  from bert_jax.training.setup import model_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.training.run_setup import model_config  # pylint: disable=g-import-not-at-top
   depth = model_config(config).num_layers
   got = {}
   for d in depths:

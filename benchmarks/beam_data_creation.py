@@ -37,12 +37,12 @@ import harness
 
 ROOT = harness.ROOT
 VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
-TOOL = 'input_pipeline.pretraining.create_pretraining_data'
+TOOL = 'input_pipeline.pretrain.create_pretraining_data'
 
 
 def make_corpus(directory: str, mb: float, files: int = 16) -> str:
   """The embedded corpus, repeated to `mb` MB over `files` files; its glob."""
-  from input_pipeline.pretraining import corpus  # pylint: disable=g-import-not-at-top
+  from input_pipeline.pretrain import corpus  # pylint: disable=g-import-not-at-top
   docs = list(corpus.embedded_documents())
   text = ''.join('\n'.join(d) + '\n\n' for d in docs).encode()
   os.makedirs(directory, exist_ok=True)

@@ -70,7 +70,7 @@ def count_records(path: str) -> int:
 
 def our_run(corpus, out, seq, preds, dupe, workers=1, extra=()):
   shards = 4 if workers > 1 else 1
-  r = timed([sys.executable, '-m', 'input_pipeline.pretraining.create_pretraining_data',
+  r = timed([sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
              f'--input_file={corpus}', f'--output_file={out}', f'--vocab_file={VOCAB}',
              '--do_lower_case', f'--max_seq_length={seq}', f'--max_predictions_per_seq={preds}',
              f'--dupe_factor={dupe}', '--random_seed=12345', f'--num_workers={workers}',

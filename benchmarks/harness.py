@@ -84,7 +84,7 @@ def config(name, phase: str = 'phase1', **overrides):
 
 
 def configured_setup(name, phase: str = 'phase1', devices=None, **overrides):
-  """The pre-training run setup (bert_jax/training/setup.py `RunSetup`) of `config(name,
+  """The pre-training run setup (bert_jax/training/run_setup.py `RunSetup`) of `config(name,
   phase, **overrides)` over `devices` (default all, as a run)."""
   from bert_jax.pretrain import step  # pylint: disable=g-import-not-at-top
   return step.setup(config(name, phase, **overrides), devices)
@@ -114,10 +114,10 @@ def synthetic_batches(setup, n: int = 2, *, seed: int = 0, pad_fraction: float =
 
 def reader(config_dict, files: str, *, seed: int = 0):
   """The run's own reader of `files` for this config, in training mode: an iterator of host
-  batches (`input_pipeline.pretraining.dataset.reader_config`: the config's layout, masking,
+  batches (`input_pipeline.pretrain.dataset.reader_config`: the config's layout, masking,
   packing, threads). TensorFlow loads here, not before (4 s, and memory a data script's
   children would inherit)."""
-  from input_pipeline.pretraining import dataset  # pylint: disable=g-import-not-at-top
+  from input_pipeline.pretrain import dataset  # pylint: disable=g-import-not-at-top
   cfg = dataset.reader_config(config_dict, files, config_dict.train.global_batch_size, seed)
   return dataset.DataIterator(dataset.make_dataset(cfg, training=True), files)
 

@@ -49,8 +49,8 @@ os.environ['XLA_FLAGS'] = XLA_FLAGS  # before jax is imported: the bare step's t
 import jax  # noqa: E402
 
 from bert_jax.training import sharding as shd  # noqa: E402
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd  # noqa: E402
-from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
+from input_pipeline.pretrain import corpus, create_pretraining_data as cpd  # noqa: E402
+from input_pipeline.pretrain.instances import MaskingConfig  # noqa: E402
 from input_pipeline.tokenizer import WordPieceTokenizer  # noqa: E402
 
 MODELS = {'micro': 4, 'tiny': 32}  # name -> global batch of BERT-tiny

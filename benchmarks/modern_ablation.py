@@ -41,10 +41,10 @@ from absl import logging  # noqa: E402
 import harness  # noqa: E402
 from bert_jax.model import flops  # noqa: E402
 from bert_jax.pretrain import baselines, run as train  # noqa: E402
-from bert_jax.training import setup as run_setup  # noqa: E402
+from bert_jax.training import run_setup  # noqa: E402
 from bert_jax.training.metric_writer import read_metrics  # noqa: E402
 from configs import ablation, demo as demo_recipes  # noqa: E402
-from input_pipeline.pretraining import create_pretraining_data as cpd, demo_corpus  # noqa: E402
+from input_pipeline.pretrain import create_pretraining_data as cpd, demo_corpus  # noqa: E402
 
 EVAL_RATE = 0.15
 

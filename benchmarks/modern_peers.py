@@ -77,7 +77,7 @@ def geometry(size: str) -> dict:
   """What every side trains: rows, length, predictions, vocab, and the HF config dict of our
   model (a worker gets it on its command line, so the torch process never imports jax)."""
   from bert_jax.convert import hf_modern  # pylint: disable=g-import-not-at-top
-  from bert_jax.training.setup import model_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.training.run_setup import model_config  # pylint: disable=g-import-not-at-top
   c = config(size)
   return {'size': size, 'batch': c.train.global_batch_size, 'seq': c.data.max_seq_length,
           'preds': c.data.max_predictions_per_seq, 'vocab': c.model.vocab_size,

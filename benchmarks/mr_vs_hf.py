@@ -18,7 +18,7 @@ weights, pooler included). Ours loads it with `bert_jax.convert.start_points` (t
 sentence-transformers layout); HF with
 `AutoModelForSequenceClassification.from_pretrained(dir, num_labels=2)`.
 
-Data: MR (input_pipeline/tasks/mr.py): `read_mr(fetch_mr(cache))`, `mr_splits(..., seed=0)`, the
+Data: MR (input_pipeline/finetune/mr.py): `read_mr(fetch_mr(cache))`, `mr_splits(..., seed=0)`, the
 80/10/10 split of the 10,072 labelled sentences (8,057 train / 1,007 dev / 1,008 test).
 
 Identical settings on both sides (every one of them):
@@ -110,7 +110,7 @@ def minilm_dir() -> str:
 
 
 def mr_file(cache: str) -> str:
-  from input_pipeline.tasks import mr
+  from input_pipeline.finetune import mr
   return mr.fetch_mr(cache)
 
 
@@ -156,7 +156,7 @@ _NUM_TRAIN = {}
 def results_examples_counted(run, record) -> int:
   """Examples the epoch's timer counted: all but the first batch's (hooks.Throughput)."""
   n, seed = _NUM_TRAIN['n'], run['seed']
-  from input_pipeline.tasks import batching
+  from input_pipeline.finetune import batching
   rows = batching.epoch_rows(seed, record['epoch'] - 1, n, BATCH)
   return int((rows[1:] >= 0).sum())
 
@@ -195,7 +195,7 @@ def hf_accuracy(model, data, torch) -> float:
 def run_hf(model_dir, data, seed, epochs) -> dict:
   import torch
   import transformers
-  from input_pipeline.tasks import batching
+  from input_pipeline.finetune import batching
   t0 = time.perf_counter()
   torch.manual_seed(seed)
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -270,7 +270,7 @@ def token_agreement(model_dir, data_file, splits, hf, length) -> tuple[int, int]
 
 def smoke_file(sdist: str, n: int) -> str:
   """The first `n` rated sentences as a ratings .txt file (read_mr reads that too)."""
-  from input_pipeline.tasks import mr
+  from input_pipeline.finetune import mr
   snippets = mr.read_mr(sdist)[:n]
   path = os.path.join(tempfile.mkdtemp(prefix='mr_smoke_'), 'ratings.txt')
   with open(path, 'w', encoding='utf-8') as f:
@@ -333,7 +333,7 @@ def main() -> None:
   torch.set_num_threads(2)
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.WARNING)
-  from input_pipeline.tasks import mr
+  from input_pipeline.finetune import mr
   import jax
   if args.side is None:
     print(harness.machine())

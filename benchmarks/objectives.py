@@ -14,9 +14,9 @@ import os
 import tempfile
 
 import harness
-from input_pipeline.pretraining import corpus
-from input_pipeline.pretraining import create_pretraining_data as cpd
-from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.pretrain import corpus
+from input_pipeline.pretrain import create_pretraining_data as cpd
+from input_pipeline.pretrain.instances import MaskingConfig
 
 VOCAB = os.path.join(harness.ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
 

@@ -5,7 +5,7 @@ fine-tuned on MR with the same recipe and seeds.
   .venv/bin/python -m benchmarks.pretraining_pays --init=runs/demo/train [--seeds=3]
 
 Both arms run bert_jax.finetune.run with configs/demo.py:mr (`harness.demo_mr`): the
-80/10/10 split of input_pipeline/tasks/mr.py, 64 tokens, batch 32, AdamW lr 1e-4 with 10% warmup
+80/10/10 split of input_pipeline/finetune/mr.py, 64 tokens, batch 32, AdamW lr 1e-4 with 10% warmup
 and linear decay (the reference's optimizer and schedule, configs/finetune.py), 3 epochs, test
 accuracy at the best dev epoch. `--init` is the pre-trained
 start point (a training workdir or an HF export); the random arm is `random:<init>`: the same

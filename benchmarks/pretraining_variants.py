@@ -35,7 +35,7 @@ from absl import app, flags, logging
 from benchmarks import harness
 from bert_jax.convert import fill_mask
 from bert_jax.pretrain import baselines
-from input_pipeline.pretraining import demo_corpus
+from input_pipeline.pretrain import demo_corpus
 from configs import demo as demo_recipes
 from input_pipeline import fs
 

@@ -5,7 +5,7 @@ r"""tf.data reader throughput (examples/s) against what the tiny model's train s
   python benchmarks/reader.py --seconds=0.5   # smoke
 
 Reads the real-corpus records (seq 128 unpacked, seq 512 unpacked and stored-packed) through
-the run's own reader (`input_pipeline.pretraining.dataset.reader_config` of
+the run's own reader (`input_pipeline.pretrain.dataset.reader_config` of
 configs/benchmarks.py's tiny run with the `data.*` fields of each row set) in training mode:
 plain, with dynamic masking, with on-the-fly packing, with both, batch 32, after a warm-up of
 20 batches, for --seconds each (harness.timed). The tiny model's configured step (benchmarks/train_step.py: batch 32,

@@ -26,7 +26,7 @@ import re
 import tempfile
 
 import harness
-from input_pipeline.pretraining.corpus import split_sentences, write_text_file
+from input_pipeline.pretrain.corpus import split_sentences, write_text_file
 
 _VERSE = re.compile(r'^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$')
 _ROLE = re.compile(r':[a-z:]+:`~?!?([^`<]*?)(?:\s*<[^>]*>)?`')

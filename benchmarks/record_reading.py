@@ -21,10 +21,10 @@ import harness
 import tensorflow as tf
 
 from input_pipeline import fs
-from input_pipeline.pretraining import corpus
-from input_pipeline.pretraining import create_pretraining_data as cpd
-from input_pipeline.pretraining import dataset as data_lib
-from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.pretrain import corpus
+from input_pipeline.pretrain import create_pretraining_data as cpd
+from input_pipeline.pretrain import dataset as data_lib
+from input_pipeline.pretrain.instances import MaskingConfig
 
 gcs_server = harness.module_from_file(  # the tests' GCS server on localhost
     'gcs_server', os.path.join(harness.ROOT, 'tests', 'gcs_server.py'))

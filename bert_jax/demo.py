@@ -46,7 +46,7 @@ from bert_jax.training.metric_writer import read_metrics
 from configs import bert_base, common
 from configs import demo as recipes
 from input_pipeline import fs
-from input_pipeline.pretraining import demo_corpus
+from input_pipeline.pretrain import demo_corpus
 
 FLAGS = flags.FLAGS
 DATA = recipes.data()

@@ -48,7 +48,7 @@ def run_mode(config) -> dict:
   if FLAGS.mode == 'train':
     if not config.data.train_files:
       raise app.UsageError('--config.data.train_files is empty: point it at TFRecords from '
-                           'python -m input_pipeline.pretraining.create_pretraining_data')
+                           'python -m input_pipeline.pretrain.create_pretraining_data')
     result = train.train_and_evaluate(config, FLAGS.workdir)
   elif FLAGS.mode == 'eval':
     result = train.evaluate_workdir(config, FLAGS.workdir)

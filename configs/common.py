@@ -4,7 +4,6 @@ Phases follow the paper: phase1 = 128 tokens, 20 predictions, 90% of the steps; 
 tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
 """
 
-from absl import logging
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -157,37 +156,6 @@ def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int
     c.train.num_steps = steps2
   else:
     raise ValueError(f'unknown phase {phase!r}: use :phase1 or :phase2')
-
-
-def upgrade_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Fills the fields a config.json of an earlier version lacks with today's defaults for its
-  kind (fine-tuning if it has `task`, else pre-training), in place; values present are kept.
-  Every config read back from JSON goes through here once, so the code reads any config's
-  fields as it reads a new one's, and the defaults live only in this file."""
-  if 'task' in config:
-    # Here, not at the top: configs/finetune.py imports this module.
-    from configs import finetune  # pylint: disable=g-import-not-at-top
-    current = finetune.get_config(config.task)
-  else:
-    current = base_config()
-  filled = _fill_missing(config, current, '')
-  if filled:
-    logging.info('config from before %s: today\'s defaults filled in', ', '.join(filled))
-  return config
-
-
-def _fill_missing(config, current, prefix: str) -> list[str]:
-  """Copies `current`'s fields missing from `config` into it, recursing into blocks both
-  have; returns the dotted names filled."""
-  filled = []
-  for key, value in current.items():
-    if key not in config:
-      config[key] = value
-      filled.append(prefix + key)
-    elif isinstance(value, ml_collections.ConfigDict) and isinstance(
-        config[key], ml_collections.ConfigDict):
-      filled += _fill_missing(config[key], value, f'{prefix}{key}.')
-  return filled
 
 
 def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:

@@ -20,7 +20,7 @@ random init, 0.837 from MiniLM-L6 (~0.85 with its full recipe, `mr_minilm_full`)
 import ml_collections
 
 from configs import bert_tiny, finetune
-from input_pipeline.pretraining import demo_corpus
+from input_pipeline.pretrain import demo_corpus
 
 PACK_K = 3  # instances per packed row at most
 MAX_SEQ_LENGTH = 128  # pre-training rows

@@ -4,7 +4,7 @@ r"""Fine-tuning configs, one per task: `--config=configs/finetune.py:<task>`.
       --workdir=runs/mrpc --config.data.glue_dir=glue_data/MRPC [--config.seeds=5]
 
 Tasks: the GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte wnli), mr and mr_regression
-(movie reviews, input_pipeline/tasks/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
+(movie reviews, input_pipeline/finetune/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
 such as POS), squad and squad_v2, swag (multiple choice), and generic (your own
 .csv/.tsv/.jsonl). Only the data fields a task reads exist in its config, so a misspelt or
 irrelevant override is an error, not silently ignored.
@@ -21,11 +21,11 @@ sets) and 5e-5 for CoNLL and SQuAD (the paper's SQuAD setting; the usual NER one
 import ml_collections
 
 from configs import common
-from input_pipeline.tasks import registry
+from input_pipeline.finetune import registry
 
 
 def tasks() -> tuple[str, ...]:
-  """Every registered task (input_pipeline/tasks/registry.py), including ones a user's module
+  """Every registered task (input_pipeline/finetune/registry.py), including ones a user's module
   registered after import."""
   return tuple(registry.TASKS)
 

@@ -17,7 +17,7 @@ StableAdamW (betas 0.9/0.98, eps 1e-6, weight decay 1e-5 scaled by lr/peak), pea
 Token counts follow the paper at base and large (phase 1: 1.7T tokens of 4.7M-token batches;
 phase 2: 250B); tiny and mini are sized for this repository's CPU runs.
 
-Data: `python -m input_pipeline.pretraining.create_pretraining_data --next_sentence=none
+Data: `python -m input_pipeline.pretrain.create_pretraining_data --next_sentence=none
 --masked_lm_prob=0.3 --max_seq_length=1024 --max_predictions_per_seq=308` (8192 and 2458 for
 phase 2), or any records with dynamic masking (`data.dynamic_masking=True`, which masks
 `data.masked_lm_prob` of the tokens afresh).

@@ -170,7 +170,7 @@ def _corrupt(path: str, p: int) -> CorruptRecordError:
   return CorruptRecordError(
       f'{path}: not a valid TFRecord at byte {p} (length or CRC check failed): the file is '
       'corrupt, truncated or not a TFRecord file; re-create it with '
-      'python -m input_pipeline.pretraining.create_pretraining_data')
+      'python -m input_pipeline.pretrain.create_pretraining_data')
 
 
 def read_all(path: str) -> list[bytes]:

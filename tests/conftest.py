@@ -23,8 +23,8 @@ import pytest  # noqa: E402
 @pytest.fixture(scope='session')
 def data(tmp_path_factory):
   """A small corpus -> 2,000-word vocab -> 64-token train (3 shards) and eval records."""
-  from input_pipeline.pretraining import corpus, create_pretraining_data as cpd
-  from input_pipeline.pretraining.instances import MaskingConfig
+  from input_pipeline.pretrain import corpus, create_pretraining_data as cpd
+  from input_pipeline.pretrain.instances import MaskingConfig
   from input_pipeline.tokenizer import WordPieceTokenizer
   d = tmp_path_factory.mktemp('data')
   docs = list(corpus.embedded_documents())[:600]

@@ -20,7 +20,7 @@ from bert_jax.pretrain import run as train
 from bert_jax.pretrain import step as ts
 from bert_jax.training import batch_schedule
 from bert_jax.training.batch_schedule import BatchSchedule
-from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretrain import dataset as data_lib
 from test_train import ROOT, config_with, logged_losses, overrides
 
 # 8 emulated devices (conftest): every size a multiple of 8. Sizes 8, 8, 16, 16, 24, 24, 32...

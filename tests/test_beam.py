@@ -21,9 +21,9 @@ beam = pytest.importorskip('apache_beam')
 
 import gcs_server  # noqa: E402
 from input_pipeline import fs  # noqa: E402
-from input_pipeline.pretraining import beam_pipeline  # noqa: E402
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd  # noqa: E402
-from input_pipeline.pretraining.instances import MaskingConfig  # noqa: E402
+from input_pipeline.pretrain import beam_pipeline  # noqa: E402
+from input_pipeline.pretrain import corpus, create_pretraining_data as cpd  # noqa: E402
+from input_pipeline.pretrain.instances import MaskingConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, 'tests', 'data', 'bert_uncased_vocab.txt')
@@ -140,7 +140,7 @@ def test_the_command_with_runner_writes_what_the_local_command_writes(runs, tmp_
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   for side, extra in (('local', []), ('beam', ['--runner=DirectRunner', '--num_workers=2',
                                                '--direct_running_mode=multi_processing'])):
-    out = subprocess.run([sys.executable, '-m', 'input_pipeline.pretraining.create_pretraining_data',
+    out = subprocess.run([sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
                           f'--output_file={tmp_path}/{side}/train', *common, *extra], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

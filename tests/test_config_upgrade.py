@@ -10,9 +10,9 @@ from bert_jax.convert import start_points
 from bert_jax.convert.workdir import export_workdir, load_run_config
 from bert_jax.pretrain import run as train
 from bert_jax.pretrain import step as pretrain_step
-from bert_jax.training import batch_schedule, checkpointing, optim, setup as run_setup
+from bert_jax.training import batch_schedule, checkpointing, optim, run_setup
 from configs import bert_tiny, finetune
-from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretrain import dataset as data_lib
 
 # Fields that came after the first runs, so their config.json files lack them.
 PRETRAINING_NEWER = {

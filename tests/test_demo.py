@@ -14,9 +14,9 @@ from bert_jax import demo
 from bert_jax.convert import fill_mask, start_points
 from bert_jax.pretrain import baselines
 from configs import demo as demo_recipes, finetune as finetune_configs
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd
-from input_pipeline.pretraining.instances import MaskingConfig
-from input_pipeline.tasks import mr
+from input_pipeline.pretrain import corpus, create_pretraining_data as cpd
+from input_pipeline.pretrain.instances import MaskingConfig
+from input_pipeline.finetune import mr
 from input_pipeline.tokenizer import WordPieceTokenizer
 import hf_reference
 from test_tasks import _tar_gz

@@ -1,6 +1,6 @@
 """The sentence-embedding kind end to end as a user runs it: `python -m bert_jax.finetune
 --config=configs/finetune.py:embedding` on the Inverse Cloze pair set made from this machine's
-docstrings (input_pipeline/tasks/pairs.py), from a BERT and a ModernBERT start point; scored
+docstrings (input_pipeline/finetune/pairs.py), from a BERT and a ModernBERT start point; scored
 by retrieval next to BM25, exported as a sentence-transformers directory that embeds as the
 run's own predict step does; and an exported model read back as a start point."""
 
@@ -21,7 +21,7 @@ from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import sharding as shd
 from configs import common, finetune as finetune_configs
-from input_pipeline.tasks import batching, pairs
+from input_pipeline.finetune import batching, pairs
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

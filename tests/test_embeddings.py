@@ -24,7 +24,7 @@ from bert_jax.finetune import contrastive, retrieval
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, init_params
 from input_pipeline import fs
-from input_pipeline.tasks import pairs
+from input_pipeline.finetune import pairs
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')

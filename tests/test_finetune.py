@@ -29,7 +29,7 @@ from bert_jax.model.encoder import BertConfig
 from bert_jax.training import checkpointing, run_control
 from bert_jax.training.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
-from input_pipeline.tasks import batching, registry, squad
+from input_pipeline.finetune import batching, registry, squad
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,7 @@ import pytest
 
 import gcs_server
 from input_pipeline import fs, tfrecord
-from input_pipeline.pretraining import corpus
+from input_pipeline.pretrain import corpus
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,10 +70,10 @@ def test_data_train_kill_resume_export_all_on_gs(gcs, tmp_path):
   corpus.write_text_file(docs[:270], f'{BUCKET}/text/train.txt')
   corpus.write_text_file(docs[270:], f'{BUCKET}/text/eval.txt')
   common = ['--max_seq_length=64', '--max_predictions_per_seq=10', '--dupe_factor=1']
-  run(['input_pipeline.pretraining.create_pretraining_data', f'--input_file={BUCKET}/text/train.txt',
+  run(['input_pipeline.pretrain.create_pretraining_data', f'--input_file={BUCKET}/text/train.txt',
        f'--output_file={data}/train', '--train_tokenizer=wordpiece', '--vocab_size=1000',
        '--num_shards=2', '--num_workers=2', '--window_chars=20000', *common])
-  run(['input_pipeline.pretraining.create_pretraining_data', f'--input_file={BUCKET}/text/eval.txt',
+  run(['input_pipeline.pretrain.create_pretraining_data', f'--input_file={BUCKET}/text/eval.txt',
        f'--output_file={data}/eval', f'--vocab_file={data}/train.vocab/vocab.txt', *common])
   stats = json.loads(fs.read_text(f'{data}/train.stats.json'))
   assert stats['instances'] > 100 and stats['files'] == [f'{data}/train-00000-of-00002',
@@ -156,8 +156,8 @@ def test_reader_chunks_on_gs_match_local(gcs, tmp_path):
 
 
 def test_data_creation_names_a_missing_bucket(gcs, tmp_path):
-  from input_pipeline.pretraining import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
-  from input_pipeline.pretraining.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
+  from input_pipeline.pretrain import create_pretraining_data as cpd  # pylint: disable=g-import-not-at-top
+  from input_pipeline.pretrain.instances import MaskingConfig  # pylint: disable=g-import-not-at-top
   (tmp_path / 'a.txt').write_text('One sentence here.\nAnother one.\n')
   job = cpd.Job(output_file='gs://no-such-bucket/out', masking=MaskingConfig(64, 10),
                 vocab_file=VOCAB,
@@ -171,7 +171,7 @@ def test_two_processes_share_a_gs_workdir(gcs):
   data-iterator state into the same gs:// step directories, and their logs land there too."""
   data, workdir = f'{BUCKET}/pod-data', f'{BUCKET}/pod'
   corpus.write_text_file(list(corpus.embedded_documents())[:200], f'{data}/text.txt')
-  run(['input_pipeline.pretraining.create_pretraining_data', f'--input_file={data}/text.txt',
+  run(['input_pipeline.pretrain.create_pretraining_data', f'--input_file={data}/text.txt',
        f'--output_file={data}/train', f'--vocab_file={VOCAB}', '--max_seq_length=64',
        '--max_predictions_per_seq=10', '--num_shards=2', '--window_chars=20000'])
   flags = [a for a in train_args(workdir, data, steps=6)[1:]

@@ -22,10 +22,10 @@ from bert_jax.finetune import run as finetune
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import run as train, step as pretrain_step
-from bert_jax.training import checkpointing, setup as run_setup
+from bert_jax.training import checkpointing, run_setup
 from configs import common, modern
-from input_pipeline.pretraining import create_pretraining_data as cpd
-from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.pretrain import create_pretraining_data as cpd
+from input_pipeline.pretrain.instances import MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 from tests import test_finetune
 from tests.tolerance import assert_trees_close

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from bert_jax.model.encoder import BertConfig, init_params
 from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import optim
-from configs import bert_large, common
+from configs import bert_large, common, upgrade
 
 
 def reference_bert_lr(step, peak, warmup, total):
@@ -424,7 +424,7 @@ def test_from_config_reads_old_configs_without_the_new_fields():
   for field in ('warmup_proportion', 'decay_proportion', 'decay_shape', 'final_lr_ratio',
                 'fuse_qkv_rms'):
     del old_config.optimizer[field]
-  old = common.upgrade_config(old_config).optimizer
+  old = upgrade.upgrade_config(old_config).optimizer
   assert (new.name, new.schedule) == ('adamw_bert', 'bert')
   params = {'dense': {'kernel': jnp.ones((3, 4)), 'bias': jnp.ones(4)}}
   grads = jax.tree_util.tree_map(lambda p: p * 0.5, params)

@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 from input_pipeline import tfrecord
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd, dataset as data_lib
-from input_pipeline.pretraining import example_codec, instances as instances_lib, masking
-from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining.instances import create_instances, MaskingConfig
+from input_pipeline.pretrain import corpus, create_pretraining_data as cpd, dataset as data_lib
+from input_pipeline.pretrain import example_codec, instances as instances_lib, masking
+from input_pipeline.pretrain import objectives
+from input_pipeline.pretrain.instances import create_instances, MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), 'data')
@@ -456,7 +456,7 @@ def test_one_command_from_a_folder_of_text_to_packed_batches(docs, tmp_path, tok
   for i in range(3):
     corpus.write_text_file(docs[i * 100:(i + 1) * 100], str(folder / f'part{i}.txt'))
   out = tmp_path / 'data' / 'train'
-  cmd = [sys.executable, '-m', 'input_pipeline.pretraining.create_pretraining_data',
+  cmd = [sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
          f'--input_file={folder}/*.txt', f'--output_file={out}',
          f'--train_tokenizer={tokenizer_kind}', '--vocab_size=1500', '--pack',
          '--num_shards=2', '--num_workers=2', '--dupe_factor=2']

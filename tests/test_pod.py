@@ -18,7 +18,7 @@ import pytest
 
 from bert_jax.training import maintenance
 from input_pipeline import tfrecord
-from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretrain import dataset as data_lib
 from metadata_server import MetadataServer
 from test_maintenance import eval_steps
 from test_train import ROOT, logged_losses, main_command, overrides, run_main

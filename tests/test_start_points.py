@@ -23,7 +23,7 @@ from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import checkpointing
 from configs import bert_tiny
-from input_pipeline.pretraining import corpus
+from input_pipeline.pretrain import corpus
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']

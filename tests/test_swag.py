@@ -10,7 +10,7 @@ import transformers
 
 from bert_jax.finetune import tasks as finetune_tasks
 from configs import finetune as finetune_configs
-from input_pipeline.tasks import registry, swag, task_arrays as features_lib
+from input_pipeline.finetune import registry, swag, task_arrays as features_lib
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')

@@ -17,8 +17,8 @@ from bert_jax.finetune import kinds, results, run as finetune
 from bert_jax.model import heads
 from configs import finetune as finetune_configs
 from input_pipeline import fs
-from input_pipeline.tasks import registry
-from input_pipeline.tasks.records import Example
+from input_pipeline.finetune import registry
+from input_pipeline.finetune.records import Example
 from input_pipeline.tokenizer import WordPieceTokenizer
 from tests.test_finetune import FILLER, SPECIALS, tiny_start
 
@@ -44,7 +44,7 @@ class MultiLabel(kinds.TaskKind):
                       classifier_dropout=classifier_dropout)
 
   def featurize(self, records, labels, tokenizer, d, training, source=''):
-    from input_pipeline.tasks import task_arrays
+    from input_pipeline.finetune import task_arrays
     single = [Example(e.guid, e.text_a, None, None, e.index) for e in records]
     arrays = task_arrays.classification_features(single, tokenizer, d.max_seq_length, labels)
     arrays['labels'] = np.array([[float(l in e.label) for l in labels] for e in records],

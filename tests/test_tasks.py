@@ -11,8 +11,8 @@ import pytest
 
 from bert_jax.finetune import squad_answers
 from bert_jax.finetune.metrics import normalize_answer
-from input_pipeline.tasks import conll, task_arrays as task_features, glue, mr, records as tasks, squad
-from input_pipeline.tasks.records import Example, TaggedSentence
+from input_pipeline.finetune import conll, task_arrays as task_features, glue, mr, records as tasks, squad
+from input_pipeline.finetune.records import Example, TaggedSentence
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), 'data')

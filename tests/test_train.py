@@ -13,8 +13,8 @@ import pytest
 
 from bert_jax.pretrain import run as train
 from bert_jax.pretrain import step as pretrain_step
-from bert_jax.training import checkpointing, run_control, setup as run_setup
-from configs import bert_tiny, common
+from bert_jax.training import checkpointing, run_control, run_setup
+from configs import bert_tiny, common, upgrade
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -265,7 +265,7 @@ def test_model_num_layers_changes_only_the_depth():
   deep = run_setup.model_config(config)
   assert (deep.num_layers, deep.hidden_size, deep.num_heads) == (5, 128, 2)
   del config.model['num_layers']
-  assert run_setup.model_config(common.upgrade_config(config)).num_layers == 2
+  assert run_setup.model_config(upgrade.upgrade_config(config)).num_layers == 2
 
 
 
@@ -276,7 +276,7 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
   (NSP head untrained) is still a whole BertForPreTraining."""
   out = tmp_path / 'data' / 'rows'
   done = subprocess.run(
-      [sys.executable, '-m', 'input_pipeline.pretraining.create_pretraining_data',
+      [sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
        f'--input_file={data / "train.txt"}', f'--output_file={out}',
        f'--vocab_file={data / "vocab.txt"}', '--max_seq_length=64',
        '--max_predictions_per_seq=10', '--dupe_factor=1', '--num_shards=2',

@@ -22,7 +22,7 @@ from bert_jax.convert import casing, google_tf, hf, hf_heads, workdir
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import checkpointing
-from bert_jax.training.setup import model_config
+from bert_jax.training.run_setup import model_config
 from input_pipeline import fs
 from input_pipeline.tokenizer import WordPieceTokenizer
 

@@ -14,9 +14,9 @@ import json
 import ml_collections
 
 from bert_jax.convert import hf
-from configs import common
+from configs import upgrade
 from bert_jax.training import checkpointing
-from bert_jax.training.setup import model_config
+from bert_jax.training.run_setup import model_config
 from input_pipeline import fs
 from input_pipeline.tokenizer import load_tokenizer
 
@@ -27,7 +27,7 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = fs.join(workdir, 'config.json')
   if not fs.exists(path):
     raise FileNotFoundError(f'{path}: missing; pass the training config (--config) instead')
-  return common.upgrade_config(ml_collections.ConfigDict(json.loads(fs.read_text(path))))
+  return upgrade.upgrade_config(ml_collections.ConfigDict(json.loads(fs.read_text(path))))
 
 
 def run_tokenizer(config):

@@ -20,7 +20,7 @@ from bert_jax.finetune.program import Program, host_tree
 from bert_jax.finetune.resume import SeedCheckpoints
 from bert_jax.training.loop import Hooks
 from input_pipeline import fs
-from input_pipeline.tasks import batching
+from input_pipeline.finetune import batching
 
 
 class EpochHooks(Hooks):

@@ -1,7 +1,7 @@
 """What every seed of a fine-tuning run shares (`Program`): the step geometry, the run setup
-(bert_jax/training/setup.py) of the task's objective, and prediction over a whole split.
+(bert_jax/training/run_setup.py) of the task's objective, and prediction over a whole split.
 
-Batches come from input_pipeline/tasks/batching.py: rows of an epoch's permutation, cut to a
+Batches come from input_pipeline/finetune/batching.py: rows of an epoch's permutation, cut to a
 length bucket where the kind allows it, this process's share sent to the devices.
 """
 
@@ -15,9 +15,9 @@ from jax.experimental import multihost_utils
 
 from bert_jax.finetune import step as fst
 from bert_jax.finetune.kinds import MODEL_INPUTS
-from bert_jax.training import setup as run_setup
+from bert_jax.training import run_setup
 from bert_jax.training import sharding as shd
-from input_pipeline.tasks import batching
+from input_pipeline.finetune import batching
 
 
 def local_rows(rows):
@@ -60,7 +60,7 @@ _SETUPS: collections.OrderedDict = collections.OrderedDict()
 
 def setup_for(config, start_cfg, head, kind, total_steps: int,
               devices=None) -> run_setup.RunSetup:
-  """The run setup (bert_jax/training/setup.py) of a task's objective over `devices` (default
+  """The run setup (bert_jax/training/run_setup.py) of a task's objective over `devices` (default
   all; AOT passes a TPU topology's), one per distinct (model, head, optimizer, run length,
   mesh) in this process: seeds, a resumed call and repeated runs in one process (a notebook,
   the tests, the demo's arms) compile once."""

@@ -40,7 +40,7 @@ from bert_jax.finetune.resume import SeedCheckpoints, SeedProgress, geometry
 from bert_jax.training import run_control, session
 from bert_jax.training import sharding as shd
 from input_pipeline import fs
-from input_pipeline.tasks import registry
+from input_pipeline.finetune import registry
 
 
 # ----------------------------------------------------------------------------- setup

@@ -1,7 +1,7 @@
 """SQuAD answer decoding: per-window start/end logits -> answer texts.
 
 google-research/bert `run_squad.py` `write_predictions` on our tokenizer interface: take the
-`n_best_size` best starts and ends of every window (`input_pipeline.tasks.squad` makes the
+`n_best_size` best starts and ends of every window (`input_pipeline.finetune.squad` makes the
 windows), keep valid spans up to `max_answer_length` tokens that lie in the context and in a
 window where their start has the most context, map the best back to the original text
 (`get_final_text`), and for SQuAD 2.0 answer "" when the best null score beats the best span
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_pipeline.tasks.squad import SquadExample, SquadFeature
+from input_pipeline.finetune.squad import SquadExample, SquadFeature
 from input_pipeline.tokenizer import Tokenizer, WordPieceTokenizer
 
 

@@ -1,7 +1,7 @@
 """Fine-tuning losses and the jitted train and predict steps of the head models.
 
 The same machinery as pre-training: `objective` hands the model, loss and readout to
-bert_jax/training/setup.py, which shards the state by the logical axis names of every
+bert_jax/training/run_setup.py, which shards the state by the logical axis names of every
 parameter (`heads.logical_param_specs`), batches over (data, fsdp), donates the state and draws
 dropout keys `fold_in(state.rng, step)`, so a resumed run draws the same masks.
 
@@ -25,7 +25,7 @@ import optax
 from bert_jax.finetune.kinds import MODEL_INPUTS, TaskKind
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig
-from bert_jax.training.setup import Objective
+from bert_jax.training.run_setup import Objective
 from bert_jax.training.state import TrainState, apply_gradients
 
 

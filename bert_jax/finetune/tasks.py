@@ -3,7 +3,7 @@
 Three steps, so the label list can be settled between reading and featurizing (a start point
 that carries a classifier fixes the label order its rows were trained in):
 
-  records = registry.read_task(config)             # input_pipeline/tasks/registry.py
+  records = registry.read_task(config)             # input_pipeline/finetune/registry.py
   task = featurize(records, labels, tokenizer, config.data)
   task.score(split, outputs) / task.baseline(split) / task.write_predictions(split, ...)
 
@@ -26,8 +26,8 @@ import numpy as np
 
 from bert_jax.finetune import kinds
 from bert_jax.model import heads
-from input_pipeline.tasks import registry
-from input_pipeline.tasks.registry import TaskRecords
+from input_pipeline.finetune import registry
+from input_pipeline.finetune.registry import TaskRecords
 
 # Scores an epoch line and results.md show beside a split's headline, where the split has
 # them: SQuAD's EM beside its F1, SQuAD 2.0's best-threshold scores beside the threshold-0 ones.

@@ -25,7 +25,7 @@ attention dropout in training, splash on rows not a multiple of 128 tokens, cudn
 rows (a block-diagonal mask) and in float32 (cuDNN's fused attention takes fp16/bf16).
 
 Masks follow BERT's rule in unpacked rows (padding masks keys only, as HF does) and give
-packed rows (segment ids, pretraining/features.py) a block-diagonal mask, so each instance
+packed rows (segment ids, input_pipeline/pretrain/batch_layout.py) a block-diagonal mask, so each instance
 sees exactly what it would see alone; the window applies within the row by index distance,
 which within one instance is its position distance.
 

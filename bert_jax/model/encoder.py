@@ -15,7 +15,7 @@ neither changing a number:
   sequence, because the full-vocabulary projection is the single largest matmul in BERT;
 - layers run under `nn.scan`, so compile time does not grow with depth.
 
-Packed rows (pretraining/features.py) are handled by feature name: `packed_segment_ids` gives a
+Packed rows (input_pipeline/pretrain/batch_layout.py) are handled by feature name: `packed_segment_ids` gives a
 block-diagonal attention mask and `position_ids` restart per instance, so each instance gets
 exactly the logits it would get alone.
 
@@ -511,7 +511,7 @@ class BertForPreTraining(nn.Module):
   """The encoder with its pre-training heads: MLM, and for `arch='bert'` the pooler and the
   2-way sentence head (NSP/SOP).
 
-  Call with the feature dict's arrays (pretraining/features.py names). `masked_lm_positions`
+  Call with the feature dict's arrays (input_pipeline/pretrain/batch_layout.py names). `masked_lm_positions`
   limits the MLM head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
   Dropout is on when `deterministic=False` and needs a 'dropout' rng.
   """

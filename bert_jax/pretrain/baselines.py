@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 
-from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretrain import dataset as data_lib
 
 
 def eval_baselines(config) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The pre-training run: setup (bert_jax/training/setup.py), resume, eval, checkpoints, around
+"""The pre-training run: setup (bert_jax/training/run_setup.py), resume, eval, checkpoints, around
 the shared loop (bert_jax/training/loop.py).
 
 Resumes from the latest checkpoint in `workdir` automatically (state and data position), so a
@@ -25,14 +25,14 @@ from jax.experimental import multihost_utils
 from bert_jax.convert import start_points
 from bert_jax.convert.workdir import load_run_config
 from bert_jax.model import flops
-from bert_jax.training import batch_schedule, checkpointing, session, setup as run_setup
+from bert_jax.training import batch_schedule, checkpointing, run_setup, session
 from bert_jax.training import sharding as shd
 from bert_jax.training.loop import Hooks
 from bert_jax.training.run_control import PreemptionFlag
 from bert_jax.pretrain import step as ts
 from input_pipeline import fs
-from input_pipeline.pretraining import dataset as data_lib
-from input_pipeline.pretraining.dataset import reader_config
+from input_pipeline.pretrain import dataset as data_lib
+from input_pipeline.pretrain.dataset import reader_config
 
 
 def per_process_batch(global_batch: int) -> int:

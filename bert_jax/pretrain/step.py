@@ -22,10 +22,10 @@ import optax
 
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
 from bert_jax.pretrain import mlm_loss
-from bert_jax.training.setup import Objective, RunSetup, build, model_config
+from bert_jax.training.run_setup import Objective, RunSetup, build, model_config
 from bert_jax.training.state import TrainState, apply_gradients
-from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining import dataset as data_lib
+from input_pipeline.pretrain import objectives
+from input_pipeline.pretrain import dataset as data_lib
 
 SENTENCE_HEAD_OBJECTIVES = ('nsp', 'sop')  # objectives that train the 2-way head
 MODEL_FEATURES = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',

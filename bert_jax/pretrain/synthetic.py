@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from input_pipeline.pretraining import features
+from input_pipeline.pretrain import batch_layout
 
 
 def random_batch(rng: np.random.Generator, batch: int, seq_len: int, predictions: int,
@@ -31,7 +31,7 @@ def random_batch(rng: np.random.Generator, batch: int, seq_len: int, predictions
   out = dict(input_ids=ids, input_mask=mask, segment_ids=seg, masked_lm_positions=positions,
              masked_lm_ids=labels, masked_lm_weights=np.ones((batch, predictions), np.float32),
              next_sentence_labels=rng.integers(0, 2, (batch, 1)).astype(np.int32))
-  layout = features.BatchLayout(seq_len, predictions, packed, max_instances_per_row)
+  layout = batch_layout.BatchLayout(seq_len, predictions, packed, max_instances_per_row)
   if packed:  # one instance per row: slot 0 used, the others weightless
     k = max_instances_per_row
     out['position_ids'] = np.tile(np.arange(seq_len, dtype=np.int32), (batch, 1)) * mask

@@ -24,7 +24,7 @@ from input_pipeline import fs
 
 
 class DataIteratorHandler(ocp.CheckpointHandler):
-  """Saves/restores `input_pipeline.pretraining.dataset.DataIterator` of every process."""
+  """Saves/restores `input_pipeline.pretrain.dataset.DataIterator` of every process."""
 
   def save(self, directory: epath.Path, args: 'DataIteratorSave'):
     args.iterator.save(_process_dir(directory))

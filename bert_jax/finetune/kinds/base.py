@@ -29,7 +29,7 @@ from bert_jax.convert import hf_heads
 from bert_jax.finetune import metrics
 from bert_jax.model import heads
 from input_pipeline import fs
-from input_pipeline.tasks import glue
+from input_pipeline.finetune import glue
 
 # The encoder's inputs: every kind's model reads these three, in this order.
 MODEL_INPUTS = ('input_ids', 'input_mask', 'segment_ids')

@@ -1,7 +1,7 @@
 """Sentence (pair) classification and regression: one output per row from the pooled [CLS]
 (HF's `BertForSequenceClassification`), cross-entropy or mean squared error.
 
-Featurisation is run_classifier.py's (input_pipeline/tasks/task_arrays.py). Baselines: the
+Featurisation is run_classifier.py's (input_pipeline/finetune/task_arrays.py). Baselines: the
 training set's majority class; for regression its mean target (correlations then undefined:
 NaN). GLUE splits report GLUE's metrics in GLUE's label order; unlabelled ones are written as
 the leaderboard's files.
@@ -16,7 +16,7 @@ import optax
 from bert_jax.finetune import metrics
 from bert_jax.finetune.kinds import base
 from bert_jax.model import heads
-from input_pipeline.tasks import glue, task_arrays
+from input_pipeline.finetune import glue, task_arrays
 
 
 class Classification(base.TaskKind):

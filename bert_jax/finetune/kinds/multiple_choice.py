@@ -12,7 +12,7 @@ import optax
 from bert_jax.finetune import metrics
 from bert_jax.finetune.kinds import base
 from bert_jax.model import heads
-from input_pipeline.tasks import task_arrays
+from input_pipeline.finetune import task_arrays
 
 
 class MultipleChoice(base.TaskKind):

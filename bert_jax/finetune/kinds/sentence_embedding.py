@@ -3,7 +3,7 @@ its token states pooled: `mean` or `cls`, `data.pooling`) trained contrastively 
 negatives and optional hard negatives, sentence-transformers' MultipleNegativesRankingLoss
 with its scale (`data.similarity_scale`, 20); bert_jax/finetune/contrastive.py.
 
-Training rows are (query, positive[, negative]) from input_pipeline/tasks/pairs.py, as
+Training rows are (query, positive[, negative]) from input_pipeline/finetune/pairs.py, as
 [batch, texts, tokens] arrays; each text is tokenized alone (`[CLS] text [SEP]`, cut to
 max_seq_length), as sentence-transformers tokenizes it. An evaluation split is a retrieval
 task (its queries, the corpus of every positive and negative text, the relevant documents per
@@ -23,8 +23,8 @@ from bert_jax.convert import sentence_transformers_export
 from bert_jax.finetune import contrastive, retrieval
 from bert_jax.finetune.kinds import base
 from bert_jax.model import heads
-from input_pipeline.tasks import pairs, task_arrays
-from input_pipeline.tasks.records import Example
+from input_pipeline.finetune import pairs, task_arrays
+from input_pipeline.finetune.records import Example
 
 
 @dataclasses.dataclass(frozen=True, eq=True)

@@ -3,7 +3,7 @@
 (run_squad.py's `(start_loss + end_loss) / 2`; an unanswerable question or a window without
 the answer points at position 0, [CLS]).
 
-Windows come from run_squad.py's featurisation (input_pipeline/tasks/squad.py), answers from
+Windows come from run_squad.py's featurisation (input_pipeline/finetune/squad.py), answers from
 its post-processing (bert_jax/finetune/squad_answers.py), scores from the official scripts
 (EM and F1; SQuAD 2.0's best null thresholds too) as fractions, like every other kind's. The
 baseline answers nothing.
@@ -18,7 +18,7 @@ import optax
 from bert_jax.finetune import metrics, squad_answers
 from bert_jax.finetune.kinds import base
 from bert_jax.model import heads
-from input_pipeline.tasks import squad
+from input_pipeline.finetune import squad
 
 # The official SQuAD scripts report percentages; every other task's scores are fractions, so
 # SQuAD's reach epoch lines, results.json and results.md as fractions too (0.8812, not 88.12).

@@ -14,7 +14,7 @@ import optax
 from bert_jax.finetune import metrics
 from bert_jax.finetune.kinds import base
 from bert_jax.model import heads
-from input_pipeline.tasks import conll, task_arrays
+from input_pipeline.finetune import conll, task_arrays
 
 
 class Tagging(base.TaskKind):

@@ -33,7 +33,7 @@ import numpy as np
 
 from input_pipeline import fs
 
-from input_pipeline.tasks.records import (Example, check_label, data_error, read_lines,
+from input_pipeline.finetune.records import (Example, check_label, data_error, read_lines,
                                   require_examples)
 
 MNLI_LABELS = ('contradiction', 'entailment', 'neutral')

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_pipeline.tasks.records import Example, TaggedSentence
-from input_pipeline.tasks.swag import ChoiceExample
+from input_pipeline.finetune.records import Example, TaggedSentence
+from input_pipeline.finetune.swag import ChoiceExample
 from input_pipeline.tokenizer import Tokenizer
 
 IGNORE_INDEX = -100

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from input_pipeline.tasks import records as tasks
-from input_pipeline.tasks.records import data_error
+from input_pipeline.finetune import records as tasks
+from input_pipeline.finetune.records import data_error
 
 # run_swag.py's context_name and question_header_name (the start of every ending).
 CONTEXT, ENDING_START, LABEL = 'sent1', 'sent2', 'label'

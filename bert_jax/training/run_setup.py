@@ -30,7 +30,7 @@ ARCH_SWITCHES = ('norm_position', 'use_bias', 'mlp', 'positions', 'global_attent
 def model_config(config) -> BertConfig:
   """The encoder of a pre-training config (`config.model`): the size, `arch`'s switches and
   any switch set alone; `model.num_layers` / `model.intermediate_size` > 0 change the size's
-  depth / MLP width. A config.json of an earlier run passes configs/common.py `upgrade_config`
+  depth / MLP width. A config.json of an earlier run passes configs/upgrade.py `upgrade_config`
   first, which fills the fields it predates (the size's, BERT's)."""
   m = config.model
   fields = {f: m[f] for f in ARCH_SWITCHES if m[f] is not None}

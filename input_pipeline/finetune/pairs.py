@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from input_pipeline import fs
-from input_pipeline.tasks.records import data_error, read_lines, require_examples
+from input_pipeline.finetune.records import data_error, read_lines, require_examples
 
 QUERY, POSITIVE, NEGATIVE = 'query', 'positive', 'negative'
 FORMATS = ('.tsv', '.jsonl')
@@ -202,12 +202,12 @@ SPLITS = ('train', 'dev', 'test')
 def _demo_units(source: str, mr_cache_dir: str | None) -> Iterator[list[list[str]]]:
   """Units that never straddle two splits, each a list of documents: a standard-library module
   (its docstrings, each a document) or one opinion editorial, review or tweet."""
-  from input_pipeline.pretraining import corpus  # pylint: disable=g-import-not-at-top
+  from input_pipeline.pretrain import corpus  # pylint: disable=g-import-not-at-top
   if source == 'opinion':
     if not mr_cache_dir:
       raise ValueError('source=opinion reads the ICWSM-2014 snippets of the vaderSentiment '
                        'sdist: pass mr_cache_dir (where tasks/mr.py fetch_mr keeps it)')
-    from input_pipeline.tasks import mr  # pylint: disable=g-import-not-at-top
+    from input_pipeline.finetune import mr  # pylint: disable=g-import-not-at-top
     for document in corpus.opinion_documents(mr.fetch_mr(mr_cache_dir)):
       yield [document]
     return

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tarfile
 
-from input_pipeline.tasks.records import data_error, Example, require_examples
+from input_pipeline.finetune.records import data_error, Example, require_examples
 
 SDIST = 'vaderSentiment-3.3.2.tar.gz'
 SDIST_SHA256 = '5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9'

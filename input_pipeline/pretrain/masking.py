@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining.instances import (MaskingConfig, Window, full_sentence_rows,
+from input_pipeline.pretrain import objectives
+from input_pipeline.pretrain.instances import (MaskingConfig, Window, full_sentence_rows,
                                                   pair_spans, sop_spans)
 
 

@@ -7,7 +7,7 @@ Spark, or DirectRunner's processes here) and writes the same shards.
 
 Same command, plus `--runner` (flags this tool does not know go to Beam):
 
-  python -m input_pipeline.pretraining.create_pretraining_data --input_file='gs://b/text/*' \
+  python -m input_pipeline.pretrain.create_pretraining_data --input_file='gs://b/text/*' \
     --output_file=gs://b/data/train --vocab_file=gs://b/vocab.txt --num_shards=1024 \
     --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
 
@@ -51,9 +51,9 @@ import numpy as np
 from absl import app, flags, logging
 
 from input_pipeline import fs, tfrecord
-from input_pipeline.pretraining import corpus as corpus_lib
-from input_pipeline.pretraining import create_pretraining_data as cpd
-from input_pipeline.pretraining.instances import InstanceStats
+from input_pipeline.pretrain import corpus as corpus_lib
+from input_pipeline.pretrain import create_pretraining_data as cpd
+from input_pipeline.pretrain.instances import InstanceStats
 from input_pipeline.tokenizer import load_tokenizer
 
 

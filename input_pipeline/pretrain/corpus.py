@@ -344,10 +344,10 @@ OPINION_FILES = ('hutto_ICWSM_2014/nytEditorialSnippets_GroundTruth.txt',
 def opinion_documents(sdist: str, stats: CorpusStats | None = None) -> Iterator[Document]:
   """Documents (lists of sentences) of the ICWSM-2014 NYT editorial and Amazon review
   snippets (grouped by the id before `_`) and of its tweets (each split into sentences), read
-  from the vaderSentiment 3.3.2 sdist (`input_pipeline.tasks.mr.fetch_mr`). Ratings are dropped."""
+  from the vaderSentiment 3.3.2 sdist (`input_pipeline.finetune.mr.fetch_mr`). Ratings are dropped."""
   import io  # pylint: disable=g-import-not-at-top
   import tarfile  # pylint: disable=g-import-not-at-top
-  from input_pipeline.tasks import mr  # pylint: disable=g-import-not-at-top
+  from input_pipeline.finetune import mr  # pylint: disable=g-import-not-at-top
   stats = stats if stats is not None else CorpusStats()
   with tarfile.open(sdist, 'r:gz') as outer:
     inner = outer.extractfile(mr.INNER_ARCHIVE).read()

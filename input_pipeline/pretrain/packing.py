@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from input_pipeline.pretraining import objectives
-from input_pipeline.pretraining.instances import MaskingConfig
-from input_pipeline.pretraining.masking import Block
+from input_pipeline.pretrain import objectives
+from input_pipeline.pretrain.instances import MaskingConfig
+from input_pipeline.pretrain.masking import Block
 
 
 def pack_rows(lengths: np.ndarray, num_masked: np.ndarray, cfg: MaskingConfig,

@@ -28,7 +28,7 @@ import numpy as np
 
 from input_pipeline import fs
 
-from input_pipeline.tasks.records import data_error, require_examples
+from input_pipeline.finetune.records import data_error, require_examples
 from input_pipeline.tokenizer import Tokenizer
 
 UNIQUE_ID_START = 1_000_000_000

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from input_pipeline.tasks.records import data_error, read_lines, require_examples, TaggedSentence
+from input_pipeline.finetune.records import data_error, read_lines, require_examples, TaggedSentence
 
 # The order of HuggingFace's `conll2003` dataset and of TFDS `conll2003` (ClassLabel names),
 # so a head trained against either indexes the same way.

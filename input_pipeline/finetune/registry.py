@@ -19,7 +19,7 @@ from typing import Callable
 
 import ml_collections
 
-from input_pipeline.tasks import conll, glue, mr, pairs, records as tables, squad, swag
+from input_pipeline.finetune import conll, glue, mr, pairs, records as tables, squad, swag
 
 
 @dataclasses.dataclass
@@ -223,7 +223,7 @@ def _mr_fields(d) -> None:
   # download the sdist with pip into mr_cache_dir (SHA-256 checked).
   d.mr_file = ''
   d.mr_cache_dir = 'runs/cache/mr'  # where fetch_mr keeps the sdist
-  d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/tasks/mr.py)
+  d.split_seed = 0  # the 80/10/10 split's shuffle (input_pipeline/finetune/mr.py)
 
 
 register(TaskSpec('mr', 'classification', _read_mr, _mr_fields, labels=mr.LABELS))
@@ -344,7 +344,7 @@ def _read_swag(name: str, d) -> TaskRecords:
 
 
 def _swag_fields(d) -> None:
-  # rowanz/swagaf data/: sent1, sent2, ending0..3, label (input_pipeline/tasks/swag.py); each
+  # rowanz/swagaf data/: sent1, sent2, ending0..3, label (input_pipeline/finetune/swag.py); each
   # choice is `[CLS] sent1 [SEP] sent2 ending_i [SEP]`, cut to max_seq_length (128).
   d.train_file = ''  # train.csv
   d.dev_file = ''  # val.csv

@@ -3,7 +3,7 @@ r"""Corpus -> NSP/MLM instances -> sharded TFRecords (+ a stats JSON). A CLI.
 Accepts google-research/bert's flags and writes its feature names, so files from either side
 read on the other:
 
-  python -m input_pipeline.pretraining.create_pretraining_data --input_file='corpus/*.txt' \
+  python -m input_pipeline.pretrain.create_pretraining_data --input_file='corpus/*.txt' \
     --output_file=data/train --vocab_file=vocab.txt --do_lower_case \
     --max_seq_length=128 --max_predictions_per_seq=20 --num_shards=8 --num_workers=2
 
@@ -46,9 +46,9 @@ from collections.abc import Iterator
 from absl import app, flags, logging
 
 from input_pipeline import fs, tfrecord
-from input_pipeline.pretraining import corpus as corpus_lib, example_codec, masking, objectives
-from input_pipeline.pretraining import packing
-from input_pipeline.pretraining.instances import create_instances, InstanceStats, MaskingConfig
+from input_pipeline.pretrain import corpus as corpus_lib, example_codec, masking, objectives
+from input_pipeline.pretrain import packing
+from input_pipeline.pretrain.instances import create_instances, InstanceStats, MaskingConfig
 from input_pipeline.tokenizer import load_tokenizer, SentencePieceTokenizer, WordPieceTokenizer
 
 
@@ -394,7 +394,7 @@ def main(argv):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ['PYTHONPATH'] = os.pathsep.join(
         p for p in (root, os.environ.get('PYTHONPATH')) if p)
-    os.execv(sys.executable, [sys.executable, '-m', 'input_pipeline.pretraining.beam_pipeline',
+    os.execv(sys.executable, [sys.executable, '-m', 'input_pipeline.pretrain.beam_pipeline',
                               *sys.argv[1:]])
   try:
     summary = run(job_from_flags())

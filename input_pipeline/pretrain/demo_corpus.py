@@ -9,9 +9,9 @@ import math
 from typing import Callable
 
 from input_pipeline import fs
-from input_pipeline.pretraining import corpus, create_pretraining_data as cpd
-from input_pipeline.pretraining.instances import MaskingConfig
-from input_pipeline.tasks import mr
+from input_pipeline.pretrain import corpus, create_pretraining_data as cpd
+from input_pipeline.pretrain.instances import MaskingConfig
+from input_pipeline.finetune import mr
 from input_pipeline.tokenizer import WordPieceTokenizer
 
 

@@ -8,8 +8,8 @@ import pytest
 from bert_jax import aot_compile
 from bert_jax.pretrain import synthetic
 from bert_jax.pretrain import step as pretrain_step
-from input_pipeline.pretraining import create_pretraining_data as cpd, dataset as data_lib, features
-from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.pretrain import create_pretraining_data as cpd, dataset as data_lib, batch_layout
+from input_pipeline.pretrain.instances import MaskingConfig
 from test_train import config_with, overrides
 
 
@@ -48,7 +48,7 @@ def test_reader_batches_match_the_schema_the_step_compiles_for(data, packed_data
 
 
 def test_schema_check_names_what_differs():
-  layout = features.BatchLayout(8, 2)
+  layout = batch_layout.BatchLayout(8, 2)
   batch = layout.zeros(4)
   batch['input_ids'] = batch['input_ids'].astype(np.int64)
   del batch['masked_lm_weights']

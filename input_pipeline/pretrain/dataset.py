@@ -40,8 +40,8 @@ import tensorflow as tf
 from google.protobuf import message
 
 from input_pipeline import fs, tfrecord
-from input_pipeline.pretraining import features, masking, objectives, packing
-from input_pipeline.pretraining.instances import MaskingConfig
+from input_pipeline.pretrain import batch_layout, masking, objectives, packing
+from input_pipeline.pretrain.instances import MaskingConfig
 
 # Record streams dealt chunks round-robin: the global order is the same for any process count
 # that divides it (see training_records).
@@ -90,7 +90,7 @@ def list_files(patterns: str) -> list[str]:
                and not fs.basename(f).startswith('.')]
     if not matched:
       raise FileNotFoundError(f'data files {pattern!r}: no such file; create them with '
-                              'python -m input_pipeline.pretraining.create_pretraining_data')
+                              'python -m input_pipeline.pretrain.create_pretraining_data')
     files.extend(matched)
   return files
 
@@ -139,7 +139,7 @@ def check_sentence_objective(files: list[str], sizes: list[int], cfg: ReaderConf
           f'data files {cfg.files!r}: {len(paths)} of {len(files)} files hold {got} records '
           f'({objectives.DESCRIPTIONS[got]}), e.g. {paths[0]}, but data.sentence_objective='
           f'{want!r}; set --config.data.sentence_objective={got}, or re-create the files with '
-          f'python -m input_pipeline.pretraining.create_pretraining_data --next_sentence={want}')
+          f'python -m input_pipeline.pretrain.create_pretraining_data --next_sentence={want}')
 
 
 def reader_config(config, files: str = '', batch_size: int = 1,
@@ -159,20 +159,20 @@ def reader_config(config, files: str = '', batch_size: int = 1,
       sentence_objective=d.sentence_objective, masked_lm_prob=d.masked_lm_prob)
 
 
-def stored_layout(cfg: ReaderConfig) -> features.BatchLayout:
+def stored_layout(cfg: ReaderConfig) -> batch_layout.BatchLayout:
   """The layout of the records on disk (packed only if written packed)."""
-  return features.BatchLayout(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.packed,
+  return batch_layout.BatchLayout(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.packed,
                               cfg.max_instances_per_row)
 
 
-def output_layout(cfg: ReaderConfig) -> features.BatchLayout:
+def output_layout(cfg: ReaderConfig) -> batch_layout.BatchLayout:
   """The layout of the batches the reader yields (packed too when it packs on the fly)."""
   return dataclasses.replace(stored_layout(cfg), packed=cfg.packed or cfg.pack)
 
 
 def feature_spec(cfg: ReaderConfig) -> dict[str, tf.io.FixedLenFeature]:
   """How the records store the schema's features: integers as int64, weights as float32."""
-  return {name: tf.io.FixedLenFeature(list(shape), tf.float32 if dtype == features.FLOAT
+  return {name: tf.io.FixedLenFeature(list(shape), tf.float32 if dtype == batch_layout.FLOAT
                                       else tf.int64)
           for name, (shape, dtype) in stored_layout(cfg).features().items()}
 
@@ -289,7 +289,7 @@ def chunks(files: list[str], sizes: list[int], read_chunk_bytes: int) -> list[tu
   never depends on the process count, so neither does the data order."""
   if not sum(sizes):
     raise ValueError(f'data files {files[:3]}...: all empty; re-create them with '
-                     'python -m input_pipeline.pretraining.create_pretraining_data')
+                     'python -m input_pipeline.pretrain.create_pretraining_data')
   size = max(min(read_chunk_bytes, math.ceil(sum(sizes) / 256)), 4096)
   return [(f, start, min(start + size, n), n) for f, n in zip(files, sizes)
           for start in range(0, n, size)]
@@ -407,7 +407,7 @@ class DataIterator:
       raise ValueError(
           f'data files {self._source!r}: corrupt, or not BERT TFRecords of this '
           f'max_seq_length/max_predictions_per_seq/packed setting ({reason}); re-create them '
-          'with python -m input_pipeline.pretraining.create_pretraining_data') from None
+          'with python -m input_pipeline.pretrain.create_pretraining_data') from None
 
   def save(self, directory: str) -> None:
     """The iterator's state as files in `directory` (a local path or URL)."""
