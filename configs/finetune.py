@@ -5,9 +5,12 @@ r"""Fine-tuning configs, one per task: `--config=configs/finetune.py:<task>`.
 
 Tasks: the GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte wnli), mr and mr_regression
 (movie reviews, input_pipeline/finetune/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
-such as POS), squad and squad_v2, swag (multiple choice), and generic (your own
-.csv/.tsv/.jsonl). Only the data fields a task reads exist in its config, so a misspelt or
-irrelevant override is an error, not silently ignored.
+such as POS), squad and squad_v2, swag (multiple choice), generic (your own
+.csv/.tsv/.jsonl) and embedding (sentence embeddings from (query, positive[, negative]) pairs,
+scored by retrieval against BM25; batch 64, lr 5e-5). Each task's kind, reader, data fields
+and recipe are its entry in input_pipeline/finetune/registry.py, so a task registered there
+(from any module) has a config here too. Only the data fields a task reads exist in its
+config, so a misspelt or irrelevant override is an error, not silently ignored.
 
 Defaults are google-research/bert's (run_classifier.py, run_squad.py, the paper's appendix
 A.3): AdamW without bias correction (eps 1e-6, weight decay 0.01 except biases and LayerNorm,

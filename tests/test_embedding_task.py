@@ -64,7 +64,8 @@ def test_the_embedding_command_trains_scores_against_bm25_and_exports(pair_files
   out = subprocess.run(
       [sys.executable, '-m', 'bert_jax.finetune', '--config=configs/finetune.py:embedding',
        f'--init={start}', f'--workdir={workdir}', f'--config.data.train_file={pair_files["train"]}',
-       f'--config.data.dev_file={pair_files["dev"]}', f'--config.data.test_file={pair_files["test"]}',
+       f'--config.data.dev_file={pair_files["dev"]}',
+       f'--config.data.test_file={pair_files["test"]}',
        '--config.data.max_seq_length=64', '--config.train.global_batch_size=32',
        '--config.train.num_epochs=2', '--config.optimizer.learning_rate=1e-3'],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -121,7 +122,8 @@ def test_the_contrastive_loss_spans_the_global_batch_on_a_data_parallel_mesh(pai
   the whole batch: every device's rows are every query's negatives."""
   c = finetune_configs.get_config('embedding')
   c = common.override(c, {'init': bert_start(tmp_path / 'bert'),
-                          'data.train_file': pair_files['train'], 'data.dev_file': pair_files['dev'],
+                          'data.train_file': pair_files['train'],
+                          'data.dev_file': pair_files['dev'],
                           'data.max_seq_length': 32, 'model.hidden_dropout': 0.0,
                           'model.attention_dropout': 0.0})
   start = finetune.load_start(c)

@@ -21,6 +21,7 @@ from bert_jax.training import checkpointing
 from input_pipeline import fs
 
 # A checkpoint's progress item: 2 = every score on a 0-1 scale (SQuAD's were percentages).
+# A kind's `scores_version` is the first version its scores compare with today's.
 SCORES_VERSION = 2
 
 
@@ -92,12 +93,12 @@ class SeedCheckpoints:
           '--config.model.scan_layers=True), or fine-tune into a new workdir.')
       saved = self._read_rescored(latest) or progress_item
       self._check_geometry(saved['geometry'])
-      if (saved.get('scores_version') != SCORES_VERSION and saved['history'] and
-          task.kind.name == 'span'):
+      if saved.get('scores_version', 1) < task.kind.scores_version and saved['history']:
         raise ValueError(
-            f'{self.dir}: its checkpoint was written when SQuAD scores were percentages (they '
-            'are 0-1 now, like every task\'s), so its best epoch could not be compared with '
-            'new ones; fine-tune into a new --workdir')
+            f'{self.dir}: its checkpoint was written when {task.kind.name} scores were on '
+            'another scale (SQuAD scores were percentages; they are 0-1 now, like every '
+            'task\'s), so its best epoch could not be compared with new ones; fine-tune into a '
+            'new --workdir')
       p = self.progress
       p.history, p.epoch_loss = saved['history'], list(saved['epoch_loss'])
       p.prediction_files = list(saved['prediction_files'])

@@ -59,7 +59,7 @@ def reconcile_labels(records: TaskRecords, start_head: heads.Head | None, init: 
   labels = records.labels
   kind = kinds.get(records.kind)
   if (fresh_head or start_head is None or start_head.task != kind.head_task
-      or start_head.task in (heads.SPAN, heads.MULTIPLE_CHOICE)):  # no label list to reorder
+      or start_head.task in heads.FIXED_OUTPUTS):  # fixed outputs: no label list to reorder
     return labels
   want = len(labels) if kind.has_label_list else 1
   theirs = start_head.labels

@@ -23,14 +23,14 @@ with nothing to download, the standard library's docstrings (terser, code-flavou
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from input_pipeline import fs
-from input_pipeline.finetune.records import data_error, read_lines, require_examples
+from input_pipeline.finetune.records import (data_error, jsonl_objects, read_lines,
+                                             require_examples)
 
 QUERY, POSITIVE, NEGATIVE = 'query', 'positive', 'negative'
 FORMATS = ('.tsv', '.jsonl')
@@ -107,15 +107,7 @@ def _tsv_rows(path: str) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 def _jsonl_rows(path: str) -> Iterator[tuple[int, dict[str, str]]]:
-  for line, text in read_lines(path):
-    if not text.strip():
-      continue
-    try:
-      obj = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise data_error(path, line, None, f'not JSON ({e.msg} at column {e.colno})') from None
-    if not isinstance(obj, dict):
-      raise data_error(path, line, None, 'expected a JSON object per line')
+  for line, obj in jsonl_objects(path):
     row = {}
     for field in (QUERY, POSITIVE, NEGATIVE):
       value = obj.get(field)

@@ -177,7 +177,9 @@ def _delimited_rows(path, wanted, split_fields, kind, skip_bad_lines):
     logging.warning('%s: skipped %d rows with the wrong number of columns', path, skipped)
 
 
-def _jsonl_rows(path, wanted):
+def jsonl_objects(path: str) -> Iterator[tuple[int, dict]]:
+  """(line number, object) of every non-blank line of a .jsonl file; a line that is not a
+  JSON object is an error naming the file and line."""
   for line_no, text in read_lines(path):
     if not text.strip():
       continue
@@ -187,6 +189,11 @@ def _jsonl_rows(path, wanted):
       raise data_error(path, line_no, None, f'not JSON ({e.msg} at column {e.colno})') from None
     if not isinstance(row, dict):
       raise data_error(path, line_no, None, 'expected a JSON object per line')
+    yield line_no, row
+
+
+def _jsonl_rows(path, wanted):
+  for line_no, row in jsonl_objects(path):
     for column in wanted:
       if column not in row:
         raise data_error(path, line_no, column, f'missing; the object has {sorted(row)}')

@@ -90,6 +90,9 @@ class TaskKind:
   token_outputs = False
   # Training rows may be cut to a length bucket (not where the loss reads every position).
   cut_training_rows = True
+  # The first checkpoint progress version (finetune/resume.py) whose scores compare with
+  # today's: a resumed run refuses older ones rather than pick its best epoch across scales.
+  scores_version = 1
 
   def configure(self, d) -> 'TaskKind':
     """The kind with a run's settings (the task's data block `d`), for kinds that have any

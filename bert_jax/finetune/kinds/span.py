@@ -44,6 +44,7 @@ class Span(base.TaskKind):
   # (run_squad.py's compute_loss), so a cut training row would change the loss. Predictions
   # decode real tokens only, and are cut like every other kind's.
   cut_training_rows = False
+  scores_version = 2  # version 1 stored SQuAD's scores as percentages
 
   def schema(self) -> base.BatchSchema:
     return base.rows_schema(base.ArraySpec('start_positions', ('batch',), jnp.int32),
