@@ -1,4 +1,5 @@
-"""One tokenizer interface over WordPiece (BERT `vocab.txt`) and SentencePiece.
+"""One tokenizer interface over WordPiece (BERT `vocab.txt`), SentencePiece and, in
+`hf_tokenizer`, the `tokenizer.json` released models ship (byte-level BPE, Unigram).
 
 WordPiece runs on HuggingFace's `tokenizers` library configured exactly as
 `BertTokenizerFast` (BERT normalizer, BERT pre-tokenizer, `##` continuations, 100-char word
@@ -9,6 +10,8 @@ Both expose `is_word_start(ids)` for whole-word masking, `save_pretrained(dir)` 
 HF tokenizer files next to an exported model, `do_lower_case` (for SentencePiece read from
 the model, `spm_is_uncased`) and `fingerprint`, a content hash that tells two vocabularies
 apart (continued pre-training refuses a start point whose ids mean other words).
+`open_tokenizer(path)` reads any of them from a file or a model's directory
+(`find_tokenizer_file` documents which file wins).
 """
 
 from __future__ import annotations
@@ -16,42 +19,59 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from input_pipeline import fs
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')  # the roles of SPECIAL_TOKENS, in that order
 
 
 class Tokenizer:
-  """The interface the pipeline uses; subclasses fill the vocabulary and `encode_batch`."""
+  """The interface the pipeline uses; subclasses fill the vocabulary and `encode_batch`.
+
+  `specials` names the token of each role (ROLES: pad unk cls sep mask), BERT's names by
+  default; a tokenizer with other names (RoBERTa's `<s>`, `</s>`...) passes its own, and may
+  leave out unk (byte-level BPE never needs one: unk_id is then None). `reserved` ids (a
+  tokenizer's other special tokens) are never drawn as random replacements.
+  """
 
   vocab: list[str]
+  unk_id: int | None
 
-  def __init__(self, vocab: Sequence[str]):
+  def __init__(self, vocab: Sequence[str], specials: Mapping[str, str] | None = None,
+               reserved: Iterable[int] = ()):
     self.vocab = list(vocab)
     self._ids = {t: i for i, t in enumerate(self.vocab)}
-    missing = [t for t in SPECIAL_TOKENS if t not in self._ids]
+    bert = specials is None
+    specials = dict(zip(ROLES, SPECIAL_TOKENS)) if bert else dict(specials)
+    missing = [t for t in specials.values() if t not in self._ids]
     if missing:
-      raise ValueError(f'vocabulary lacks the BERT special tokens {missing}')
+      raise ValueError(f'vocabulary lacks the {"BERT " * bert}special tokens {missing}')
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        self._ids[t] for t in SPECIAL_TOKENS)
+        self._ids[specials[r]] if r in specials else None for r in ROLES)
+    if None in (self.pad_id, self.cls_id, self.sep_id, self.mask_id):
+      raise ValueError(f'special tokens {specials}: pad, cls, sep and mask are required')
     # word_start_table[id]: does this token begin a word (for whole-word masking)?
     self.word_start_table = np.array([self._starts_word(t) for t in self.vocab], bool)
-    special = {self._ids[t] for t in SPECIAL_TOKENS}
-    # Random replacements come from real tokens only: not special, not [unusedN] (the
-    # reference draws from the whole vocabulary; a random [unused] token teaches nothing).
+    special = {self._ids[t] for t in specials.values()} | set(reserved)
+    # Random replacements come from real tokens only: not special, not [unusedN], not an
+    # unassigned id ('') (the reference draws from the whole vocabulary; a random [unused]
+    # token teaches nothing).
     self.replacement_ids = np.array(
         [i for i, t in enumerate(self.vocab)
-         if i not in special and not (t.startswith('[unused') and t.endswith(']'))], np.int32)
+         if i not in special and t and not (t.startswith('[unused') and t.endswith(']'))],
+        np.int32)
 
   @property
   def vocab_size(self) -> int:
     return len(self.vocab)
 
   def token_to_id(self, token: str) -> int:
+    if self.unk_id is None:
+      return self._ids[token]
     return self._ids.get(token, self.unk_id)
 
   def id_to_token(self, i: int) -> str:
@@ -273,9 +293,67 @@ def _spm_to_fast(model_proto: bytes, model_file: str):
 
 
 def load_tokenizer(vocab_file: str | None = None, spm_model: str | None = None,
-                   do_lower_case: bool = True) -> Tokenizer:
-  if bool(vocab_file) == bool(spm_model):
-    raise ValueError('give exactly one of --vocab_file (WordPiece) or --spm_model (SentencePiece)')
+                   do_lower_case: bool = True, tokenizer: str | None = None) -> Tokenizer:
+  """The tokenizer one of --vocab_file, --spm_model or --tokenizer (`open_tokenizer`) names."""
+  if sum(map(bool, (vocab_file, spm_model, tokenizer))) != 1:
+    raise ValueError('give exactly one of --vocab_file (WordPiece), --spm_model (SentencePiece) '
+                     'or --tokenizer (a tokenizer.json, or a directory holding a tokenizer)')
+  if tokenizer:
+    return open_tokenizer(tokenizer, do_lower_case)
   if vocab_file:
     return WordPieceTokenizer(vocab_file, do_lower_case)
   return SentencePieceTokenizer(spm_model)
+
+
+def open_tokenizer(path: str, do_lower_case: bool = True) -> Tokenizer:
+  """A tokenizer file, or the one a directory holds (`find_tokenizer_file`), by its kind:
+  vocab.txt (WordPiece, cased as `do_lower_case` says), a SentencePiece .model, or a
+  tokenizer.json / vocab.json (`hf_tokenizer.HFTokenizer`, casing its own)."""
+  from input_pipeline.hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
+  if fs.isdir(path):
+    file = find_tokenizer_file(path)
+    if file is None:
+      raise FileNotFoundError(f'{path}: no tokenizer ({TOKENIZER_FILES})')
+    path = file
+  if path.endswith('.json'):
+    return HFTokenizer(path)
+  if path.endswith('.model'):
+    return SentencePieceTokenizer(path)
+  return WordPieceTokenizer(path, do_lower_case)
+
+
+TOKENIZER_FILES = 'vocab.txt, spiece.model, tokenizer.json or vocab.json + merges.txt'
+
+
+def find_tokenizer_file(directory: str) -> str | None:
+  """The file a directory's tokenizer is read from, or None; decided by the files' content,
+  not by tokenizer_config.json's `tokenizer_class` (often absent, and transformers itself
+  overrides ModernBERT's). The first of:
+    1. vocab.txt, unless a tokenizer.json beside it is not WordPiece (BERT's releases and
+       our WordPiece exports hold both, the same vocabulary: WordPieceTokenizer keeps its
+       fingerprint and BERT's casing rules);
+    2. spiece.model, unless a tokenizer.json beside it lacks BERT's special tokens at ids
+       0-4 (our SentencePiece exports hold both; ALBERT's or T5's do not fit ours);
+    3. tokenizer.json (ModernBERT, Ettin, XLM-R, mmBERT...);
+    4. vocab.json + merges.txt (RoBERTa's byte-level BPE).
+  """
+  pipeline, vocab = fs.join(directory, 'tokenizer.json'), fs.join(directory, 'vocab.txt')
+  spm, bpe_vocab = fs.join(directory, 'spiece.model'), fs.join(directory, 'vocab.json')
+  spec = json.loads(fs.read_text(pipeline)) if fs.exists(pipeline) else None
+  if fs.exists(vocab) and (spec is None or spec['model'].get('type') == 'WordPiece'):
+    return vocab
+  if fs.exists(spm) and (spec is None or _bert_specials_first(spec)):
+    return spm
+  if spec is not None:
+    return pipeline
+  if fs.exists(bpe_vocab) and fs.exists(fs.join(directory, 'merges.txt')):
+    return bpe_vocab
+  return None
+
+
+def _bert_specials_first(spec: dict) -> bool:
+  """Whether a tokenizer.json's ids 0-4 are SPECIAL_TOKENS, as in our SentencePiece export."""
+  vocab = spec['model'].get('vocab')
+  if isinstance(vocab, list):  # Unigram: [piece, score] by id
+    return [v[0] for v in vocab[:len(SPECIAL_TOKENS)]] == list(SPECIAL_TOKENS)
+  return all((vocab or {}).get(t) == i for i, t in enumerate(SPECIAL_TOKENS))

@@ -3,8 +3,8 @@
 Casing is a property of the start point, not a flag to remember: an uncased vocabulary fed
 cased text maps most capitalised words to other ids and loses accuracy without any error.
 It is read from the start point (HF `tokenizer_config.json`, the workdir's config, Google's
-model name (`google_tf.casing`), a SentencePiece model's normaliser, or the vocabulary
-itself) and a conflicting `do_lower_case` is a ValueError (`resolve`).
+model name (`google_tf.casing`), a SentencePiece model's or a tokenizer.json's normaliser,
+or the vocabulary itself) and a conflicting `do_lower_case` is a ValueError (`resolve`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import logging
 
 from bert_jax.convert import hf
 from input_pipeline import fs
-from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
+from input_pipeline.hf_tokenizer import HFTokenizer
+from input_pipeline.tokenizer import (
+    TOKENIZER_FILES, SentencePieceTokenizer, WordPieceTokenizer, find_tokenizer_file)
 
 
 def vocab_is_uncased(vocab_file: str) -> bool:
@@ -63,16 +65,22 @@ def missing(path: str, required: bool, looked_for: str):
 
 
 def hf_tokenizer(path: str, given: bool | None, required: bool):
-  """WordPiece vocab.txt (casing from tokenizer_config.json, else the vocabulary) or our
-  exported SentencePiece `spiece.model`."""
-  vocab, spm = fs.join(path, 'vocab.txt'), fs.join(path, 'spiece.model')
-  if fs.exists(vocab):
-    found, evidence = _hf_casing(path, vocab)
+  """The directory's tokenizer (`find_tokenizer_file`): WordPiece vocab.txt (casing from
+  tokenizer_config.json, else the vocabulary), our exported SentencePiece `spiece.model`, or
+  a tokenizer.json / RoBERTa vocab.json + merges.txt (`HFTokenizer`: ModernBERT, Ettin,
+  XLM-R...), whose casing is its normaliser's."""
+  file = find_tokenizer_file(path)
+  if file is None:
+    return missing(path, required, TOKENIZER_FILES)
+  name = fs.basename(file)
+  if name == 'vocab.txt':
+    found, evidence = _hf_casing(path, file)
     lower = resolve(found, evidence, given, path)
-    return WordPieceTokenizer(vocab, lower), lower
-  if fs.exists(spm):
-    return sentencepiece(spm, given, path)
-  return missing(path, required, 'vocab.txt or spiece.model')
+    return WordPieceTokenizer(file, lower), lower
+  if name == 'spiece.model':
+    return sentencepiece(file, given, path)
+  tok = HFTokenizer(file)
+  return tok, resolve(tok.do_lower_case, f'{name}\'s normaliser', given, path)
 
 
 def _hf_casing(path: str, vocab: str) -> tuple[bool, str]:

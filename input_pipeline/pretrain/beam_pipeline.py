@@ -183,7 +183,8 @@ class _MakeRows(beam.DoFn):
 
   def setup(self):
     job = self.job
-    self.tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)
+    self.tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case,
+                                    job.tokenizer)
 
   def process(self, element):
     index, docs = element
@@ -285,7 +286,8 @@ def worker_setup_file(job: cpd.Job, directory: str) -> str:
         pins[name.strip().lower()] = spec
   names = WORKER_REQUIREMENTS + (TFDS_REQUIREMENTS if job.tfds_name else ())
   requirements = [pins.get(n, n) for n in names]
-  if job.spm_model or job.train_tokenizer == 'sentencepiece':
+  # A --tokenizer directory may hold a spiece.model too.
+  if job.spm_model or job.tokenizer or job.train_tokenizer == 'sentencepiece':
     requirements.append('protobuf>=7.36')  # sentencepiece's model proto (setup_env.sh says why)
   shutil.copytree(os.path.join(ROOT, 'input_pipeline'), os.path.join(directory, 'input_pipeline'),
                   ignore=shutil.ignore_patterns('__pycache__', '*.pyc'), dirs_exist_ok=True)

@@ -58,6 +58,9 @@ class Job:
   masking: MaskingConfig
   vocab_file: str | None = None
   spm_model: str | None = None
+  # A tokenizer.json / RoBERTa vocab.json, or a directory holding a tokenizer (a released
+  # model's: ModernBERT, RoBERTa, XLM-R...), read by tokenizer.open_tokenizer.
+  tokenizer: str | None = None
   do_lower_case: bool = True
   input_file: str | None = None
   tfds_name: str | None = None
@@ -150,7 +153,8 @@ def encoded_chunks(features: dict) -> Iterator[list[bytes]]:
 
 def _run_worker(job: Job, worker: int) -> dict:
   """Process the windows of the shards this worker owns; write them atomically."""
-  tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)
+  tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case,
+                             job.tokenizer)
   paths = job.shard_paths()
   mine = [s for s in range(job.num_shards) if s % job.num_workers == worker]
   writers = {s: tfrecord.TFRecordWriter(paths[s]) for s in mine}
@@ -185,8 +189,9 @@ def train_tokenizer(job: Job) -> Job:
   `<output_file>.spm.model`; pass the same file to training (`data.vocab_file` /
   `data.spm_model`) so that the exported model carries it.
   """
-  if job.vocab_file or job.spm_model:
-    raise ValueError('--train_tokenizer learns a vocabulary: drop --vocab_file/--spm_model')
+  if job.vocab_file or job.spm_model or job.tokenizer:
+    raise ValueError('--train_tokenizer learns a vocabulary: drop --vocab_file/--spm_model/'
+                     '--tokenizer')
   sentences = (s for doc in job.documents() for s in doc)
   if job.train_tokenizer == 'wordpiece':
     tok = WordPieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.vocab',
@@ -225,7 +230,8 @@ def prepare(job: Job) -> Job:
   fs.check_writable(fs.dirname(fs.absolute(job.output_file)))  # before hours of work
   if job.train_tokenizer:
     job = train_tokenizer(job)
-  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case)  # fail fast, in this process
+  # Fail fast, in this process.
+  load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case, job.tokenizer)
   return job
 
 
@@ -278,7 +284,7 @@ def write_summary(job: Job, stats: InstanceStats, corpus: dict, rows: int, paddi
                             'kept': round(stats.kept_token / masked, 4)},
       'truncation_rate': round(stats.truncated / max(stats.instances, 1), 4),
       'files': sorted(files), 'packed': job.pack,
-      'vocab_file': job.vocab_file, 'spm_model': job.spm_model,
+      'vocab_file': job.vocab_file, 'spm_model': job.spm_model, 'tokenizer': job.tokenizer,
       'max_seq_length': seq, 'max_predictions_per_seq': job.masking.max_predictions_per_seq,
       'max_instances_per_row': job.max_instances_per_row if job.pack else 1,
   }
@@ -321,6 +327,9 @@ def define_flags():
   flags.DEFINE_float('short_seq_prob', 0.1, 'Probability of a shorter random target length.')
   # Ours.
   flags.DEFINE_string('spm_model', None, 'SentencePiece .model instead of --vocab_file.')
+  flags.DEFINE_string('tokenizer', None, 'Instead of --vocab_file: a tokenizer.json (or '
+                      'vocab.json + merges.txt), or a released model\'s directory holding its '
+                      'tokenizer; its special tokens and casing are its own.')
   flags.DEFINE_enum('train_tokenizer', None, ['wordpiece', 'sentencepiece'],
                     'Without --vocab_file/--spm_model: learn a vocabulary of --vocab_size from '
                     'the corpus first (written next to --output_file).')
@@ -365,7 +374,8 @@ def job_from_flags() -> Job:
                           FLAGS.masked_lm_prob, FLAGS.short_seq_prob, FLAGS.do_whole_word_mask,
                           FLAGS.replace_from_full_vocab)
   return Job(output_file=FLAGS.output_file, masking=masking, vocab_file=FLAGS.vocab_file,
-             spm_model=FLAGS.spm_model, do_lower_case=FLAGS.do_lower_case,
+             spm_model=FLAGS.spm_model, tokenizer=FLAGS.tokenizer,
+             do_lower_case=FLAGS.do_lower_case,
              input_file=FLAGS.input_file, tfds_name=FLAGS.tfds_name,
              tfds_split=FLAGS.tfds_split, tfds_feature=FLAGS.tfds_feature,
              tfds_data_dir=FLAGS.tfds_data_dir, skip_bad_lines=FLAGS.skip_bad_lines,

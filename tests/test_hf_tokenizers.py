@@ -1,0 +1,380 @@
+"""Released encoders' tokenizers (`HFTokenizer`): a byte-level BPE tokenizer.json named as
+RoBERTa (`<s>` `</s>` `<pad>` `<mask>` `<unk>`) or as ModernBERT (`[CLS]`...), RoBERTa's
+vocab.json + merges.txt, a WordPiece and a Unigram tokenizer.json, all built here with the
+`tokenizers` library. Ids and special ids equal `transformers.AutoTokenizer`'s, word starts
+follow each convention, exports load back with the same ids, and a ModernBERT directory
+holding only a byte-level tokenizer.json starts fine-tuning and data creation."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
+
+from bert_jax.convert import casing, hf_modern, start_points
+from bert_jax.model.encoder import BertConfig
+from input_pipeline import tfrecord
+from input_pipeline.hf_tokenizer import HFTokenizer
+from input_pipeline.pretrain import create_pretraining_data as cpd, example_codec
+from input_pipeline.pretrain.instances import MaskingConfig
+from input_pipeline.tokenizer import (SentencePieceTokenizer, WordPieceTokenizer,
+                                      find_tokenizer_file, load_tokenizer, open_tokenizer)
+from tests import test_finetune
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = [line.strip() for line in open(os.path.join(ROOT, 'tests', 'data',
+                                                   'reference_docstrings.txt')) if line.strip()]
+TEXTS = DOCS[::5] + ['Hello   world', '  leading spaces', 'Café naïve — “quotes” 😀 ü',
+                     'a <mask> here', 'UPPER lower MiXeD', 'unbelievably antidisestablishment',
+                     '']
+ROBERTA = {'cls_token': '<s>', 'sep_token': '</s>', 'bos_token': '<s>', 'eos_token': '</s>',
+           'pad_token': '<pad>', 'mask_token': '<mask>', 'unk_token': '<unk>'}
+MODERN = {'cls_token': '[CLS]', 'sep_token': '[SEP]', 'pad_token': '[PAD]',
+          'mask_token': '[MASK]', 'unk_token': '[UNK]'}
+# Layouts whose own pair template is ours, `cls a sep b sep`.
+BERT_PAIRS = ('modernbert', 'wordpiece', 'gemma')
+
+
+def _special(token):
+  """RoBERTa's and ModernBERT's mask token takes the space before it (lstrip)."""
+  return AddedToken(token, special=True, normalized=False, lstrip='mask' in token.lower())
+
+
+def byte_level_bpe(first, last=(), vocab_size=600):
+  """A byte-level BPE (ModernBERT's and RoBERTa's pipeline: NFC, no prefix space) with
+  special tokens `first` at ids 0.. and `last` added after the learnt vocabulary."""
+  tok = Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(DOCS, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=[_special(t) for t in first],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  tok.add_special_tokens([_special(t) for t in last])
+  return tok
+
+
+def write(directory, tok=None, config=None, model_type=None):
+  os.makedirs(directory, exist_ok=True)
+  if tok is not None:
+    tok.save(os.path.join(directory, 'tokenizer.json'))
+  if config is not None:
+    with open(os.path.join(directory, 'tokenizer_config.json'), 'w') as f:
+      json.dump(config, f)
+  if model_type:
+    with open(os.path.join(directory, 'config.json'), 'w') as f:
+      json.dump({'model_type': model_type}, f)
+  return str(directory)
+
+
+def modernbert_tokenizer():
+  tok = byte_level_bpe(['|||IP_ADDRESS|||', '<|padding|>', '<|endoftext|>'],
+                       ['[UNK]', '[CLS]', '[SEP]', '[PAD]', '[MASK]'])
+  cls, sep = tok.token_to_id('[CLS]'), tok.token_to_id('[SEP]')
+  tok.post_processor = processors.TemplateProcessing(
+      single='[CLS]:0 $A:0 [SEP]:0', pair='[CLS]:0 $A:0 [SEP]:0 $B:0 [SEP]:0',
+      special_tokens=[('[CLS]', cls), ('[SEP]', sep)])
+  return tok
+
+
+MODERN_CONFIG = dict(MODERN, tokenizer_class='PreTrainedTokenizerFast', model_max_length=8192,
+                     model_input_names=['input_ids', 'attention_mask'])
+
+
+@pytest.fixture(scope='module')
+def layouts(tmp_path_factory):
+  """name -> a directory holding that tokenizer as its model's release would."""
+  root = tmp_path_factory.mktemp('tokenizers')
+  out = {}
+  roberta = byte_level_bpe(['<s>', '<pad>', '</s>', '<unk>'], ['<mask>'])
+  roberta.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0))
+  # Names in tokenizer_config.json; and as roberta-base ships it: names nowhere but in
+  # tokenizer.json (its post-processor, its added tokens), transformers' class from config.json.
+  out['roberta'] = write(root / 'roberta', roberta,
+                         dict(ROBERTA, tokenizer_class='RobertaTokenizer', model_max_length=512))
+  out['roberta_release'] = write(root / 'roberta_release', roberta, {'model_max_length': 512},
+                                 model_type='roberta')
+  files = byte_level_bpe(['<s>', '<pad>', '</s>', '<unk>', '<mask>'])
+  write(root / 'roberta_files', config={'model_max_length': 512}, model_type='roberta')
+  files.model.save(str(root / 'roberta_files'))  # vocab.json + merges.txt only
+  out['roberta_files'] = str(root / 'roberta_files')
+  out['modernbert'] = write(root / 'modernbert', modernbert_tokenizer(), MODERN_CONFIG)
+
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  wordpiece = BertWordPieceTokenizer(lowercase=True)
+  wordpiece.train_from_iterator(DOCS, vocab_size=500, show_progress=False,
+                                special_tokens=['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'])
+  wordpiece = wordpiece._tokenizer  # pylint: disable=protected-access
+  wordpiece.post_processor = processors.TemplateProcessing(  # as BERT's tokenizer.json
+      single='[CLS]:0 $A:0 [SEP]:0', pair='[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1',
+      special_tokens=[('[CLS]', 2), ('[SEP]', 3)])
+  out['wordpiece'] = write(root / 'wordpiece', wordpiece,
+                           dict(MODERN, tokenizer_class='PreTrainedTokenizerFast'))
+
+  unigram = Tokenizer(models.Unigram())  # XLM-R's layout, lower-cased by its normaliser
+  unigram.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+  unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+  unigram.decoder = decoders.Metaspace()
+  unigram.train_from_iterator(DOCS, trainers.UnigramTrainer(
+      vocab_size=400, special_tokens=['<s>', '<pad>', '</s>', '<unk>'], unk_token='<unk>',
+      show_progress=False))
+  unigram.add_special_tokens([_special('<mask>')])
+  unigram.post_processor = processors.TemplateProcessing(
+      single='<s> $A </s>', pair='<s> $A </s> </s> $B </s>',
+      special_tokens=[('<s>', 0), ('</s>', 2)])
+  out['unigram'] = write(root / 'unigram', unigram,
+                         dict(ROBERTA, tokenizer_class='PreTrainedTokenizerFast'))
+
+  # Gemma's layout (mmBERT's tokenizer): no Metaspace; its normaliser turns spaces into '▁'.
+  gemma = Tokenizer(models.BPE(unk_token='<unk>'))
+  gemma.normalizer = normalizers.Replace(' ', '\u2581')
+  gemma.pre_tokenizer = pre_tokenizers.Split('\u2581', 'merged_with_next')
+  gemma.train_from_iterator(DOCS, trainers.BpeTrainer(
+      vocab_size=500, special_tokens=['<pad>', '<eos>', '<bos>', '<unk>', '<mask>'],
+      show_progress=False))
+  gemma.post_processor = processors.TemplateProcessing(
+      single='<bos> $A <eos>', pair='<bos> $A <eos> $B <eos>',
+      special_tokens=[('<bos>', 2), ('<eos>', 1)])
+  out['gemma'] = write(root / 'gemma', gemma, {
+      'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': '<bos>', 'eos_token': '<eos>',
+      'pad_token': '<pad>', 'mask_token': '<mask>', 'unk_token': '<unk>'})
+  return out
+
+
+def assert_same_as_transformers(ours, directory, pairs):
+  theirs = transformers.AutoTokenizer.from_pretrained(directory)
+  either = lambda a, b: a if a is not None else b  # bos / eos stand in for cls / sep
+  assert [ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id, ours.unk_id] == [
+      either(theirs.cls_token_id, theirs.bos_token_id),
+      either(theirs.sep_token_id, theirs.eos_token_id), theirs.pad_token_id,
+      theirs.mask_token_id, theirs.unk_token_id]
+  encoded = ours.encode_batch(TEXTS)
+  assert encoded == theirs(TEXTS, add_special_tokens=False)['input_ids']
+  assert [[ours.cls_id] + e + [ours.sep_id] for e in encoded] == theirs(TEXTS)['input_ids']
+  if pairs:
+    a, b = TEXTS[:10], TEXTS[10:20]
+    assert [[ours.cls_id] + x + [ours.sep_id] + y + [ours.sep_id] for x, y in zip(
+        ours.encode_batch(a), ours.encode_batch(b))] == theirs(a, b)['input_ids']
+  return theirs
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_release', 'roberta_files', 'modernbert',
+                                  'wordpiece', 'unigram', 'gemma'])
+def test_ids_and_special_ids_equal_transformers(layouts, name):
+  """Single texts (with and without the special tokens) for every layout; pairs where the
+  layout's own template is BERT's. RoBERTa's own pairs are `<s> a </s></s> b </s>`, ours
+  `<s> a </s> b </s>` (our featurizers pack every tokenizer alike): not compared here; the
+  export writes ours (test_export_loads_in_transformers_with_the_same_ids)."""
+  ours = open_tokenizer(layouts[name])
+  assert isinstance(ours, HFTokenizer)
+  assert_same_as_transformers(ours, layouts[name], pairs=name in BERT_PAIRS)
+  roles = {'cls': ours.cls_id, 'sep': ours.sep_id, 'pad': ours.pad_id, 'mask': ours.mask_id}
+  names = {r: ours.id_to_token(i) for r, i in roles.items()}
+  if name.startswith(('roberta', 'unigram')):
+    assert names == {'cls': '<s>', 'sep': '</s>', 'pad': '<pad>', 'mask': '<mask>'}
+  elif name == 'gemma':  # bos and eos stand in for cls and sep
+    assert names == {'cls': '<bos>', 'sep': '<eos>', 'pad': '<pad>', 'mask': '<mask>'}
+  else:
+    assert names == {'cls': '[CLS]', 'sep': '[SEP]', 'pad': '[PAD]', 'mask': '[MASK]'}
+  assert ours.vocab_size == len(transformers.AutoTokenizer.from_pretrained(layouts[name]))
+  assert not set(roles.values()) & set(ours.replacement_ids.tolist())
+
+
+def test_word_starts_follow_each_convention(layouts):
+  text = 'Unbelievably, the antidisestablishment tokenizer works'
+  prefixes = {'modernbert': '\u0120', 'unigram': '\u2581', 'gemma': '\u2581', 'wordpiece': '##'}
+  for name, prefix in prefixes.items():
+    marks_start = name != 'wordpiece'  # '##' marks a piece that continues a word
+    tok = open_tokenizer(layouts[name])
+    ids = tok.encode(text)
+    pieces = [tok.id_to_token(i) for i in ids]
+    want = [i == 0 or (p.startswith(prefix) == marks_start) for i, p in enumerate(pieces)]
+    assert tok.is_word_start(ids).tolist() == want, (name, pieces)
+    assert not all(want), pieces  # some word is cut into pieces
+    assert tok.detokenize(pieces).strip() == (text.lower() if tok.do_lower_case else text)
+    assert tok.is_word_start(np.array([tok.cls_id, tok.mask_id])).tolist() == [True, True]
+  # Byte-level: the first token of a text has no 'Ġ' but starts a word; inside, only Ġ does.
+  tok = open_tokenizer(layouts['modernbert'])
+  first = tok.encode('Unbelievably')
+  assert not tok.id_to_token(first[0]).startswith('\u0120')
+  assert tok.is_word_start(first)[0] and not tok.word_start_table[first[0]]
+
+
+def test_casing_is_the_normalisers_and_a_contradiction_is_an_error(layouts):
+  lowered = {n: open_tokenizer(layouts[n]).do_lower_case
+             for n in ('roberta', 'modernbert', 'wordpiece', 'unigram')}
+  assert lowered == {'roberta': False, 'modernbert': False, 'wordpiece': True, 'unigram': True}
+  tok, lower = casing.hf_tokenizer(layouts['modernbert'], None, True)
+  assert isinstance(tok, HFTokenizer) and lower is False
+  assert casing.hf_tokenizer(layouts['unigram'], True, True)[1] is True
+  with pytest.raises(ValueError, match=r'cased \(do_lower_case=False, from tokenizer.json'):
+    casing.hf_tokenizer(layouts['modernbert'], True, True)
+  with pytest.raises(ValueError, match='uncased'):
+    casing.hf_tokenizer(layouts['unigram'], False, True)
+
+
+@pytest.mark.parametrize('name', ['roberta_release', 'roberta_files', 'modernbert', 'unigram',
+                                  'gemma', 'wordpiece'])
+def test_export_loads_in_transformers_with_the_same_ids(layouts, name, tmp_path):
+  """save_pretrained -> AutoTokenizer: the same ids, special ids, vocabulary and pairs as our
+  featurizers pack them (RoBERTa's too); read back by us: the same fingerprint."""
+  ours = open_tokenizer(layouts[name])
+  ours.save_pretrained(str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == ['special_tokens_map.json', 'tokenizer.json',
+                                          'tokenizer_config.json']
+  theirs = assert_same_as_transformers(ours, str(tmp_path), pairs=True)
+  assert theirs.get_vocab() == {t: i for i, t in enumerate(ours.vocab) if t}
+  back = open_tokenizer(str(tmp_path))
+  assert back.fingerprint == ours.fingerprint and back.vocab == ours.vocab
+  assert back.encode_batch(TEXTS) == ours.encode_batch(TEXTS)
+  assert (back.cls_id, back.sep_id, back.pad_id, back.mask_id) == (
+      ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id)
+  # Token types only where the source's own pairs have two (BERT's): a RoBERTa embeds one.
+  types = theirs(TEXTS[:2], TEXTS[2:4]).get('token_type_ids')
+  if name == 'wordpiece':
+    assert [max(t) for t in types] == [1, 1]
+  else:
+    assert types is None and theirs.model_input_names == ['input_ids', 'attention_mask']
+
+
+def test_fingerprint_tells_vocabularies_apart(layouts, tmp_path):
+  a, b = open_tokenizer(layouts['roberta']), open_tokenizer(layouts['roberta_release'])
+  assert a.fingerprint == b.fingerprint  # the same pipeline; other config files
+  assert a.fingerprint == open_tokenizer(layouts['roberta'] + '/tokenizer.json').fingerprint
+  other = byte_level_bpe(['<s>', '<pad>', '</s>', '<unk>'], ['<mask>'], vocab_size=590)
+  c = open_tokenizer(write(tmp_path / 'other', other, ROBERTA))
+  assert c.fingerprint != a.fingerprint
+
+
+def test_a_directory_picks_its_tokenizer_file(layouts, tmp_path):
+  """vocab.txt beside a WordPiece tokenizer.json stays WordPiece (BERT's releases, our
+  exports); beside a BPE one it is not the tokenizer; our SentencePiece export stays ours."""
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'cat']))
+  bert = tmp_path / 'bert'
+  WordPieceTokenizer(str(vocab)).save_pretrained(str(bert))
+  assert find_tokenizer_file(str(bert)) == str(bert / 'vocab.txt')
+  assert isinstance(open_tokenizer(str(bert)), WordPieceTokenizer)
+  mixed = write(tmp_path / 'mixed', modernbert_tokenizer(), MODERN_CONFIG)
+  (tmp_path / 'mixed' / 'vocab.txt').write_text(vocab.read_text())
+  assert find_tokenizer_file(mixed) == os.path.join(mixed, 'tokenizer.json')
+  spm = SentencePieceTokenizer.train(DOCS * 4, 200, str(tmp_path / 'spm'))
+  spm.save_pretrained(str(tmp_path / 'spm_export'))
+  assert find_tokenizer_file(str(tmp_path / 'spm_export')).endswith('spiece.model')
+  assert find_tokenizer_file(layouts['roberta_files']).endswith('vocab.json')
+  assert find_tokenizer_file(str(tmp_path)) == str(vocab)  # a lone vocab.txt: WordPiece
+  os.makedirs(tmp_path / 'empty')
+  assert find_tokenizer_file(str(tmp_path / 'empty')) is None
+  assert isinstance(load_tokenizer(tokenizer=layouts['unigram']), HFTokenizer)
+  with pytest.raises(ValueError, match='exactly one of'):
+    load_tokenizer(vocab_file=str(vocab), tokenizer=layouts['unigram'])
+  with pytest.raises(FileNotFoundError, match='no tokenizer'):
+    open_tokenizer(str(tmp_path / 'empty'))
+
+
+def test_a_tokenizer_without_a_mask_token_is_a_clear_error(tmp_path):
+  tok = byte_level_bpe(['<s>', '<pad>', '</s>'])
+  tok.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0))
+  path = write(tmp_path / 'no_mask', tok, {'model_max_length': 512})
+  with pytest.raises(ValueError, match=r'no mask token: name it in tokenizer_config.json '
+                                       r'\(mask_token\)'):
+    HFTokenizer(path)
+  tok = HFTokenizer(write(tmp_path / 'named', tok, {'mask_token': '<pad>'}))  # odd, but named
+  assert tok.unk_id is None and tok.mask_id == tok.pad_id == 1
+
+
+def modernbert_start(directory, vocab_size=768):
+  """A tiny random ModernBertForMaskedLM saved by transformers, with ONLY a byte-level BPE
+  tokenizer.json and tokenizer_config.json beside it."""
+  torch.manual_seed(0)
+  cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=vocab_size, num_layers=2,
+                               local_window=16)
+  hf_config = {k: v for k, v in hf_modern.config_to_hf(cfg).items()
+               if k not in ('architectures', 'model_type')}
+  transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config)).save_pretrained(
+      str(directory))
+  return write(directory, modernbert_tokenizer(), MODERN_CONFIG)
+
+
+def test_a_modernbert_directory_with_a_tokenizer_json_fine_tunes_and_exports(tmp_path):
+  start_dir = modernbert_start(tmp_path / 'modern')
+  assert sorted(f for f in os.listdir(start_dir) if 'token' in f or f.endswith('.txt')) == [
+      'tokenizer.json', 'tokenizer_config.json']
+  start = start_points.load_start_point(start_dir)
+  assert isinstance(start.tokenizer, HFTokenizer) and start.do_lower_case is False
+  assert start.tokenizer.vocab_size <= start.cfg.vocab_size == 768
+  with pytest.raises(ValueError, match='do_lower_case=True was given'):
+    start_points.load_start_point(start_dir, do_lower_case=True)
+
+  rng = random.Random(0)
+  label = lambda positive: 'pos' if positive else 'neg'
+  files = {split: test_finetune.write_table(
+      tmp_path / f'{split}.tsv',
+      [(text, label(p)) for text, p in test_finetune.sentences(rng, n)])
+           for split, n in (('train', 32), ('dev', 16), ('test', 16))}
+  workdir = tmp_path / 'run'
+  out = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}',
+       '--config=configs/finetune.py:generic', f'--init={start_dir}',
+       f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
+       f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=1',
+       '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
+       '--config.train.eval_batch_size=16'],
+      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
+      text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  export = json.load(open(workdir / 'results.json'))['runs'][0]['export']
+  theirs = transformers.AutoTokenizer.from_pretrained(export)
+  texts = [t for t, _ in test_finetune.sentences(random.Random(1), 4)]
+  enc = theirs(texts, padding=True, return_tensors='pt')
+  assert enc['input_ids'].tolist() == [
+      [start.tokenizer.cls_id] + e + [start.tokenizer.sep_id]
+      + [start.tokenizer.pad_id] * (enc['input_ids'].shape[1] - len(e) - 2)
+      for e in start.tokenizer.encode_batch(texts)]
+  model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+      export, output_loading_info=True)
+  assert type(model).__name__ == 'ModernBertForSequenceClassification'
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+  with torch.no_grad():
+    logits = model.eval()(**enc).logits
+  assert logits.shape == (4, 2) and torch.isfinite(logits).all()
+  assert isinstance(start_points.load_start_point(export).tokenizer, HFTokenizer)
+
+
+def test_create_pretraining_data_takes_a_tokenizer_directory(layouts, tmp_path):
+  """--tokenizer=DIR: records whose special ids are the tokenizer's own (`<s>`, `</s>`,
+  `<mask>`), never BERT's fixed 101/102/103 or 2/3/4."""
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('\n\n'.join('\n'.join(DOCS[i:i + 8]) for i in range(0, 160, 8)) + '\n')
+  tok = open_tokenizer(layouts['roberta_files'])
+  job = cpd.Job(output_file=str(tmp_path / 'train'), tokenizer=layouts['roberta_files'],
+                input_file=str(corpus), dupe_factor=1,
+                masking=MaskingConfig(max_seq_length=64, max_predictions_per_seq=10,
+                                      do_whole_word_mask=True))
+  stats = cpd.run(job)
+  assert stats['tokenizer'] == layouts['roberta_files'] and stats['instances'] > 10
+  features, _ = cpd.window_features(job, tok, list(_documents(corpus)), 0)
+  assert tfrecord.read_all(str(tmp_path / 'train')) == [
+      r for chunk in cpd.encoded_chunks(features) for r in chunk]
+  ids, mask = features['input_ids'], features['input_mask'].astype(bool)
+  assert (ids[:, 0] == tok.cls_id).all() and tok.cls_id == tok.token_to_id('<s>') == 0
+  assert ((ids == tok.sep_id) & mask).sum(axis=1).tolist() == [2] * len(ids)
+  assert tok.sep_id == tok.token_to_id('</s>') == 2
+  assert tok.mask_id == tok.token_to_id('<mask>') and ((ids == tok.mask_id) & mask).any()
+  assert (ids[~mask] == 0).all()  # zero padding, as every record has
+  positions, labels = features['masked_lm_positions'], features['masked_lm_ids']
+  weights = features['masked_lm_weights'] > 0
+  assert not np.isin(labels[weights], [tok.cls_id, tok.sep_id, tok.pad_id]).any()
+  assert (np.take_along_axis(ids, positions, 1)[weights] != labels[weights]).any()
+
+
+def _documents(path):
+  from input_pipeline.pretrain import corpus  # pylint: disable=g-import-not-at-top
+  return corpus.documents_from_flags(str(path), None)
