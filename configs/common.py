@@ -21,7 +21,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
   c.model.num_layers = 0  # 0: the size's depth; N: the size's width with N layers
   # bert | modern: ModernBERT's block (pre-norm, no biases, GeGLU, RoPE, local/global
-  # attention, final norm; no pooler or sentence head: data.sentence_objective=none).
+  # attention, final norm; no pooler or sentence head: data.sentence_objective=none) |
+  # roberta, xlm-roberta: BERT's block with RoBERTa's positions, one token type and eps 1e-5;
+  # no pooler or sentence head either (continued pre-training of a released RoBERTa / XLM-R).
   c.model.arch = 'bert'
   # Each architecture switch alone (None = the arch's value; bert_jax/model/encoder.py):
   c.model.norm_position = placeholder(str)  # post | pre

@@ -411,7 +411,7 @@ def test_pretraining_params_from_a_workdir_of_another_size_names_the_leaf(workdi
 def data_config(vocab_file='', spm_model='', do_lower_case=True):
   import ml_collections  # pylint: disable=g-import-not-at-top
   return ml_collections.ConfigDict(dict(vocab_file=vocab_file, spm_model=spm_model,
-                                        do_lower_case=do_lower_case))
+                                        do_lower_case=do_lower_case, sentence_objective='nsp'))
 
 
 def test_pretraining_params_compares_vocabulary_and_casing_with_the_data(workdir, tmp_path,

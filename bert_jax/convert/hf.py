@@ -1,5 +1,6 @@
 """Flax parameters <-> HuggingFace `BertForPreTraining` directories (and, through
-hf_modern.py, `ModernBertForMaskedLM` ones: `model_type` or `cfg.arch` picks).
+hf_modern.py, `ModernBertForMaskedLM` ones, through hf_roberta.py `(XLM)RobertaForMaskedLM`
+ones: `model_type` or `cfg.arch` picks).
 
 `save_pretrained` writes `config.json` + `model.safetensors` (+ tokenizer files) with numpy
 only, so exporting needs no torch. `load_pretrained` reads safetensors (single or sharded)
@@ -22,7 +23,7 @@ import jax
 import numpy as np
 
 from bert_jax.convert import hf_modern
-from bert_jax.model.encoder import BertConfig, init_params
+from bert_jax.model.encoder import ROBERTA_ARCHS, BertConfig, init_params
 from input_pipeline import fs
 
 Array = np.ndarray
@@ -36,6 +37,12 @@ HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
 
 # A directory that is not a loadable BERT or ModernBERT checkpoint (one type for both).
 CheckpointError = hf_modern.CheckpointError
+
+
+def _roberta():
+  """hf_roberta.py, which builds on this module's maps (so it cannot be imported at the top)."""
+  from bert_jax.convert import hf_roberta  # pylint: disable=g-import-not-at-top
+  return hf_roberta
 
 
 # ----------------------------------------------------------------------------- configs
@@ -64,15 +71,27 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
   }
 
 
+def config_to_hf_any(cfg: BertConfig) -> dict[str, Any]:
+  """The MLM export's config.json of any arch: BertForPreTraining, ModernBertForMaskedLM or
+  (XLM)RobertaForMaskedLM."""
+  if cfg.arch == 'modern':
+    return hf_modern.config_to_hf(cfg)
+  if cfg.is_roberta:
+    return _roberta().config_to_hf(cfg)
+  return config_to_hf(cfg)
+
+
 def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
   model_type = hf.get('model_type')
   if model_type == hf_modern.MODEL_TYPE:
     return hf_modern.config_from_hf(hf, source)
+  if model_type in ROBERTA_ARCHS:
+    return _roberta().config_from_hf(hf, source)
   if model_type != 'bert':
     arch = ', '.join(hf.get('architectures') or []) or 'unknown architecture'
     raise CheckpointError(f'{source}: model_type is {model_type!r} ({arch}), not BERT; '
-                          'only BERT and ModernBERT checkpoints (model_type "bert" or '
-                          '"modernbert") can be loaded')
+                          'only BERT, ModernBERT, RoBERTa and XLM-R checkpoints (model_type '
+                          '"bert", "modernbert", "roberta" or "xlm-roberta") can be loaded')
   act = hf.get('hidden_act', 'gelu')
   if act not in _ACT_FROM_HF:
     raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
@@ -197,10 +216,12 @@ def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
 
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
-  """Our parameter tree -> HF BertForPreTraining (or ModernBertForMaskedLM) state dict
-  (float32 numpy, no tied copies)."""
+  """Our parameter tree -> HF BertForPreTraining (or ModernBertForMaskedLM, or
+  (XLM)RobertaForMaskedLM under `roberta.`) state dict (float32 numpy, no tied copies)."""
   if cfg.arch == 'modern':
     return hf_modern.params_to_hf(params, cfg)
+  if cfg.is_roberta:
+    return _roberta().params_to_hf(params, cfg, 'roberta.' if prefix == 'bert.' else prefix)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
   return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
 
@@ -217,10 +238,12 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
 
   Accepts `bert.`-prefixed or bare keys and legacy `gamma`/`beta`. Encoder weights must all be
   present; missing heads (BertModel, sentence-transformers) are freshly initialised from `rng`
-  with a warning that names them. ModernBERT configs go to hf_modern.params_from_hf.
+  with a warning that names them. ModernBERT and RoBERTa configs go to their modules.
   """
   if cfg.arch == 'modern':
     return hf_modern.params_from_hf(state, cfg, source)
+  if cfg.is_roberta:
+    return _roberta().params_from_hf(state, cfg, rng=rng, source=source)
   state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_hf_shapes(cfg)
   for key, shape in expected.items():
@@ -357,7 +380,8 @@ def load_pretrained(path: str, *, rng: jax.Array | None = None,
 
 def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
                     overwrite: bool = False) -> str:
-  """Write an HF `BertForPreTraining` directory atomically; returns `path`.
+  """Write an HF `BertForPreTraining` (ModernBERT, RoBERTa: `...ForMaskedLM`) directory
+  atomically; returns `path`.
 
   Locally, everything is written into a sibling temporary directory first and renamed into
   place, so a failure leaves no half-written export. On an object store (gs://), where a
@@ -371,7 +395,7 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
 
 def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  hf_config = hf_modern.config_to_hf(cfg) if cfg.arch == 'modern' else config_to_hf(cfg)
+  hf_config = config_to_hf_any(cfg)
   with open(os.path.join(directory, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})

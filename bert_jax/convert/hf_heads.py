@@ -11,6 +11,9 @@ tensors come from `hf.params_to_hf`, so they are converted exactly as a pre-trai
 
 `arch='modern'` models go to and from `ModernBertFor<Task>` (hf_modern.py's encoder map under
 `model.`, the MLM head's transform as `head.*`, every task's head as `classifier.*`).
+`arch='roberta'` / `'xlm-roberta'` go to and from `(XLM)RobertaFor<Task>` (hf_roberta.py's
+encoder under `roberta.`; the sequence head is `classifier.dense` + `classifier.out_proj`,
+multiple choice keeps `roberta.pooler`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_modern
+from bert_jax.convert import hf, hf_roberta
 from bert_jax.model import encoder as model, heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.model.heads import Head, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, head_param
@@ -33,10 +36,15 @@ from input_pipeline import fs
 ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
                  SPAN: 'BertForQuestionAnswering', MULTIPLE_CHOICE: 'BertForMultipleChoice'}
 MODERN_ARCHITECTURES = {task: 'Modern' + name for task, name in ARCHITECTURES.items()}
+# arch -> task -> class, for the arches whose task classes are not BERT's.
+FAMILY_ARCHITECTURES = {
+    'modern': MODERN_ARCHITECTURES,
+    **{arch: {task: prefix + name[len('Bert'):] for task, name in ARCHITECTURES.items()}
+       for arch, prefix in hf_roberta.CLASS_PREFIX.items()}}
 
 
 def architecture(cfg: BertConfig, task: str) -> str:
-  return (MODERN_ARCHITECTURES if cfg.arch == 'modern' else ARCHITECTURES)[task]
+  return FAMILY_ARCHITECTURES.get(cfg.arch, ARCHITECTURES)[task]
 
 
 # ----------------------------------------------------------------------------- configs
@@ -44,7 +52,7 @@ def architecture(cfg: BertConfig, task: str) -> str:
 
 def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
   """HF config.json of a fine-tuned model: the encoder's fields plus the head's."""
-  out = hf_modern.config_to_hf(cfg) if cfg.arch == 'modern' else hf.config_to_hf(cfg)
+  out = hf.config_to_hf_any(cfg)
   out['architectures'] = [architecture(cfg, head.task)]
   if head.task != MULTIPLE_CHOICE:  # HF's default (LABEL_0, LABEL_1) there, as run_swag.py's
     names = head.label_names
@@ -60,7 +68,7 @@ def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
 def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json') -> Head | None:
   """The Head an HF config.json describes, or None for a model without a task head."""
   archs = hf_config.get('architectures') or []
-  task = next((t for table in (ARCHITECTURES, MODERN_ARCHITECTURES)
+  task = next((t for table in (ARCHITECTURES, *FAMILY_ARCHITECTURES.values())
                for t, arch in table.items() if arch in archs), None)
   if task is None:
     return None
@@ -86,12 +94,23 @@ def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json
 # ----------------------------------------------------------------------------- weights
 
 
+def _linear_to_hf(name: str, group) -> hf.StateDict:
+  return {f'{name}.weight': np.ascontiguousarray(np.asarray(group['kernel'], np.float32).T),
+          f'{name}.bias': np.asarray(group['bias'], np.float32)}
+
+
+def _roberta_sequence(cfg: BertConfig, head: Head) -> bool:
+  """RoBERTa's sequence head: `classifier.dense` + `classifier.out_proj`."""
+  return cfg.is_roberta and head.task == SEQUENCE
+
+
 def head_to_hf(params, head: Head, cfg: BertConfig) -> hf.StateDict:
   """Our head group -> HF `classifier.*` / `qa_outputs.*` (Linear weights are [out, in])."""
   name = head_param(cfg, head.task)
-  group = params[name]
-  return {f'{name}.weight': np.ascontiguousarray(np.asarray(group['kernel'], np.float32).T),
-          f'{name}.bias': np.asarray(group['bias'], np.float32)}
+  if _roberta_sequence(cfg, head):
+    return {**_linear_to_hf(f'{name}.dense', params[name]['dense']),
+            **_linear_to_hf(f'{name}.out_proj', params[name]['out_proj'])}
+  return _linear_to_hf(name, params[name])
 
 
 def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
@@ -102,7 +121,9 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
   has 5) mean an inconsistent directory: an error, not a silently fresh head.
   """
   name = 'classifier' if arch == 'modern' else heads.HEAD_PARAM[head.task]
-  weight, bias = state.get(f'{name}.weight'), state.get(f'{name}.bias')
+  roberta_sequence = arch in hf_roberta.MODEL_TYPES and head.task == SEQUENCE
+  linear = f'{name}.out_proj' if roberta_sequence else name
+  weight, bias = state.get(f'{linear}.weight'), state.get(f'{linear}.bias')
   if weight is None or bias is None:
     return None
   want = (head.num_labels, hidden_size)
@@ -110,14 +131,25 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
     fix = ('make config.json id2label (num_labels) match the tensors'
            if head.task in (SEQUENCE, TOKEN) else
            f'every {ARCHITECTURES[head.task]} has that shape; check config.json architectures')
-    if arch == 'modern':
-      fix = fix.replace('Bert', 'ModernBert')
+    if arch in FAMILY_ARCHITECTURES:
+      fix = fix.replace(ARCHITECTURES[head.task], FAMILY_ARCHITECTURES[arch][head.task])
     raise hf.CheckpointError(
-        f'{source}: {name}.weight has shape {tuple(weight.shape)} and {name}.bias '
+        f'{source}: {linear}.weight has shape {tuple(weight.shape)} and {linear}.bias '
         f'{tuple(bias.shape)}, but {head.task} with {head.num_labels} labels needs {want}; '
         + fix)
-  return {name: {'kernel': np.asarray(weight, np.float32).T.copy(),
-                 'bias': np.asarray(bias, np.float32)}}
+  group = {'kernel': np.asarray(weight, np.float32).T.copy(),
+           'bias': np.asarray(bias, np.float32)}
+  if not roberta_sequence:
+    return {name: group}
+  dense_w, dense_b = state.get(f'{name}.dense.weight'), state.get(f'{name}.dense.bias')
+  if (dense_w is None or dense_b is None or tuple(dense_w.shape) != (hidden_size, hidden_size)
+      or tuple(dense_b.shape) != (hidden_size,)):
+    raise hf.CheckpointError(f'{source}: {name}.out_proj comes without a {name}.dense of '
+                             f'[{hidden_size}, {hidden_size}] and [{hidden_size}]; not a '
+                             'RobertaClassificationHead')
+  return {name: {'dense': {'kernel': np.asarray(dense_w, np.float32).T.copy(),
+                           'bias': np.asarray(dense_b, np.float32)},
+                 'out_proj': group}}
 
 
 def finetuned_from_hf(state: Mapping[str, np.ndarray], cfg: BertConfig, head: Head,
@@ -138,11 +170,15 @@ def finetuned_from_hf(state: Mapping[str, np.ndarray], cfg: BertConfig, head: He
 
 def _complete_tree(params, cfg: BertConfig) -> dict:
   """`params` plus zero-filled pre-training groups it lacks, so `hf.params_to_hf` (which
-  converts the whole BertForPreTraining tree) runs; the filler tensors are dropped after."""
+  converts the whole BertForPreTraining tree) runs; the filler tensors are dropped after.
+  A pooler the pre-training tree has no place for (RoBERTa's multiple choice) is kept."""
   abstract = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
-  return {k: params[k] if k in params else
+  tree = {k: params[k] if k in params else
           jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.float32), abstract[k])
           for k in abstract}
+  if 'pooler' in params:
+    tree['pooler'] = params['pooler']
+  return tree
 
 
 def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
@@ -150,9 +186,11 @@ def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
   state = hf.params_to_hf(_complete_tree(params, cfg), cfg)
   if cfg.arch == 'modern':  # every ModernBERT task model has the encoder and `head`
     keep = {k: v for k, v in state.items() if k.startswith(('model.', 'head.'))}
-  else:
-    keep = {k: v for k, v in state.items() if k.startswith('bert.')
-            and (head.has_pooler or not k.startswith('bert.pooler.'))}
+  else:  # the encoder, and the pooler where the task model has one
+    prefix = hf_roberta.ENCODER_PREFIX if cfg.is_roberta else 'bert.'
+    pooler = 'pooler' in heads.encoder_groups(cfg, head)
+    keep = {k: v for k, v in state.items() if k.startswith(prefix)
+            and (pooler or not k.startswith(prefix + 'pooler.'))}
   keep.update(head_to_hf(params, head, cfg))
   return keep
 

@@ -4,8 +4,9 @@
 and embeds with as our fine-tuning run does (bert_jax.finetune.contrastive.pool):
   config.json, model.safetensors   the bare encoder: HF `BertModel` (arch 'bert': hf.py's map
                                    without the `bert.` prefix; the pooler only when the params
-                                   have one) or `ModernBertModel` (arch 'modern': hf_modern.py's
-                                   encoder map without `model.`);
+                                   have one), `ModernBertModel` (arch 'modern': hf_modern.py's
+                                   encoder map without `model.`) or `(XLM)RobertaModel` (arch
+                                   'roberta' / 'xlm-roberta': hf_roberta.py's, no `roberta.`);
   tokenizer files                  `tokenizer.save_pretrained`, as every export writes them;
   modules.json                     Transformer at '' and Pooling at '1_Pooling';
   1_Pooling/config.json            mean or CLS pooling, in the keys every sentence-transformers
@@ -31,7 +32,7 @@ import tempfile
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_modern
+from bert_jax.convert import hf, hf_modern, hf_roberta
 from bert_jax.model import encoder as model
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
@@ -66,14 +67,19 @@ def encoder_state(params, cfg: BertConfig) -> hf.StateDict:
     complete = {k: params[k] if k in params else
                 jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.float32), abstract[k])
                 for k in abstract}
+    if 'pooler' in params:  # RoBERTa's pre-training tree has none
+      complete['pooler'] = params['pooler']
     state = {k: v for k, v in hf.params_to_hf(complete, cfg, prefix='').items()
-             if not k.startswith('cls.') and ('pooler' in params or not k.startswith('pooler.'))}
+             if not k.startswith(('cls.', 'lm_head.'))
+             and ('pooler' in params or not k.startswith('pooler.'))}
   return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
 
 
 def hf_config(cfg: BertConfig) -> dict:
   if cfg.arch == 'modern':
     return hf_modern.config_to_hf(cfg, architecture='ModernBertModel')
+  if cfg.is_roberta:
+    return hf_roberta.config_to_hf(cfg, hf_roberta.architecture(cfg, 'Model'))
   return {**hf.config_to_hf(cfg), 'architectures': ['BertModel']}
 
 
@@ -100,10 +106,10 @@ def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
   state = encoder_state(params, cfg)  # converts (and so validates) before writing
   config = hf_config(cfg)
   pool = pooling_config(cfg.hidden_size, pooling)
-  max_len = max_seq_length or cfg.max_position_embeddings
-  if not 0 < max_len <= cfg.max_position_embeddings:
-    raise ValueError(f'max_seq_length={max_len}: expected 1..{cfg.max_position_embeddings} '
-                     '(the model\'s max_position_embeddings)')
+  max_len = max_seq_length or cfg.max_length
+  if not 0 < max_len <= cfg.max_length:
+    raise ValueError(f'max_seq_length={max_len}: expected 1..{cfg.max_length} (the model\'s '
+                     'max_position_embeddings, less RoBERTa\'s position offset)')
 
   def write(tmp: str) -> None:
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top

@@ -5,7 +5,8 @@
     model config, and the tokenizer named by `data.vocab_file` / `data.spm_model`;
   - a HuggingFace directory: `BertForPreTraining`, `BertModel` (no `bert.` prefix, no heads),
     a sentence-transformers layout (`modules.json` pointing at the Transformer module), or a
-    fine-tuned `BertFor<Task>` export (its head comes along as `start.head`);
+    fine-tuned `BertFor<Task>` export (its head comes along as `start.head`); the same for
+    ModernBERT, RoBERTa and XLM-R (`RobertaForMaskedLM`'s `lm_head` is our MLM head);
   - a Google TF checkpoint as google-research/bert released them (`bert_model.ckpt.*`,
     `bert_config.json`, `vocab.txt`), read by variable name without building a TF graph.
 Each may be a URL (gs://...): workdirs are read in place, HF directories and TF checkpoints
@@ -45,8 +46,9 @@ from input_pipeline import fs
 from input_pipeline.tokenizer import load_tokenizer
 
 __all__ = ['ALLOW_VOCAB_CHANGE', 'HF_DIR', 'RANDOM', 'TF_CHECKPOINT', 'WORKDIR', 'StartPoint',
-           'check_compatible', 'check_vocabulary', 'detect_kind', 'init_head_params',
-           'load_start_point', 'pretraining_params', 'random_start_point', 'randomized']
+           'check_compatible', 'check_sentence_objective', 'check_vocabulary', 'detect_kind',
+           'init_head_params', 'load_start_point', 'pretraining_params', 'random_start_point',
+           'randomized']
 
 
 def load_start_point(path: str, *, step: int | None = None, do_lower_case: bool | None = None,
@@ -129,6 +131,11 @@ def check_compatible(start: StartPoint, model_cfg: BertConfig, source: str) -> N
   Leaves are compared with `model_cfg`'s own params (shapes only, nothing allocated) after
   the relayout, so the same check covers every kind and layout: without it a workdir of
   another size passed and died at the first step with Flax's ScopeParamShapeError."""
+  if start.cfg.arch != model_cfg.arch:
+    raise ValueError(
+        f'train.init_from={source} is model.arch={start.cfg.arch!r}, the run\'s model is '
+        f'{model_cfg.arch!r}; set --config.model.arch={start.cfg.arch} (the same block, '
+        'positions and heads) and the size that matches it')
   wanted = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
   differ = checkpointing.leaf_differences(start.params, wanted, labels=('start point', 'run'))
   fields = [f for f in _SHAPE_FIELDS if getattr(start.cfg, f) != getattr(model_cfg, f)]
@@ -191,7 +198,8 @@ def check_vocabulary(start: StartPoint, data, source: str, allow_change: bool = 
 
 
 def _tokenizer_file_name(tok) -> str:
-  return getattr(tok, 'vocab_file', None) or getattr(tok, 'model_file', '?')
+  return (getattr(tok, 'vocab_file', None) or getattr(tok, 'model_file', None)
+          or getattr(tok, 'tokenizer_file', '?'))
 
 
 def _tokenizer_file(start: StartPoint) -> str:
@@ -199,6 +207,18 @@ def _tokenizer_file(start: StartPoint) -> str:
   staged copy, so named by the start point's path and the file's name)."""
   file = _tokenizer_file_name(start.tokenizer)
   return file if start.kind == WORKDIR else f'{fs.basename(file)} of {start.path}'
+
+
+def check_sentence_objective(start: StartPoint, objective: str, source: str) -> None:
+  """RoBERTa and XLM-R were pre-trained with MLM alone on full sentences and have no sentence
+  head: continuing them with NSP or SOP would train a fresh head on the pooled <s> state
+  (and a pooler they never had), no longer the released model's objective."""
+  if start.cfg.is_roberta and objective != 'none':
+    raise ValueError(
+        f'train.init_from={source} is a {start.cfg.arch} checkpoint, pre-trained with MLM on '
+        f'full sentences and without a sentence head, but data.sentence_objective='
+        f'{objective!r}; set --config.data.sentence_objective=none (records written by '
+        f'create_pretraining_data --next_sentence=none) and --config.model.arch={start.cfg.arch}')
 
 
 def pretraining_params(init_from: str, model_cfg: BertConfig, rng: jax.Array | None = None, *,
@@ -214,6 +234,12 @@ def pretraining_params(init_from: str, model_cfg: BertConfig, rng: jax.Array | N
   """
   start = load_start_point(init_from, rng=rng, require_tokenizer=False,
                            scan_layers=model_cfg.scan_layers)
+  if data is not None:
+    check_sentence_objective(start, data.sentence_objective, init_from)
+  if start.cfg.is_roberta and 'pooler' in start.params:
+    # Released RoBERTa checkpoints carry a pooler MLM pre-training neither uses nor trains.
+    start = dataclasses.replace(start, params={k: v for k, v in start.params.items()
+                                               if k != 'pooler'})
   check_compatible(start, model_cfg, init_from)
   if data is not None:
     check_vocabulary(start, data, init_from, allow_vocab_change)

@@ -7,7 +7,9 @@ word embeddings plus an output bias). `arch='modern'` is transformers' `ModernBe
 (models/modernbert/modeling_modernbert.py): pre-norm layers (the first layer's attention
 reads the normed embeddings directly), no biases, GeGLU MLP, RoPE with separate theta for
 global and local layers, global attention every Nth layer and a sliding window elsewhere
-(attention.py), a final norm, the same tied MLM head, and no pooler or sentence head. Each
+(attention.py), a final norm, the same tied MLM head, and no pooler or sentence head.
+`arch='roberta'` / `'xlm-roberta'` is transformers' `RobertaForMaskedLM`: BERT's block with
+positions offset by 2, one token type, eps 1e-5, and no pooler or sentence head. Each
 switch (`norm_position`, `use_bias`, `mlp`, `positions`, `global_attention_every`) also works
 alone on a BERT, for the ablation (configs/ablation.py). Two departures, both for speed and
 neither changing a number:
@@ -66,7 +68,14 @@ ARCHS: dict[str, dict[str, Any]] = {
                    global_attention_every=3, local_window=128, global_rope_theta=160_000.0,
                    local_rope_theta=10_000.0, layer_norm_eps=1e-5, type_vocab_size=0,
                    max_position_embeddings=8192, hidden_dropout=0.0, attention_dropout=0.0),
+    # RoBERTa / XLM-R (roberta-base's config.json): BERT's block, position ids offset past
+    # fairseq's padding index, one token type, eps 1e-5; no pooler or sentence head (MLM on
+    # full sentences), RobertaClassificationHead for sequences (heads.py).
+    'roberta': dict(position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5,
+                    max_position_embeddings=514),
 }
+ARCHS['xlm-roberta'] = ARCHS['roberta']  # the same model; exported as XLMRoberta*
+ROBERTA_ARCHS = ('roberta', 'xlm-roberta')
 SWITCHES = {'norm_position': ('post', 'pre'), 'mlp': ('mlp', 'glu'),
             'positions': ('learned', 'rope'), 'classifier_pooling': ('cls', 'mean')}
 
@@ -106,6 +115,9 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
+  # Added to every position id before the table lookup: RoBERTa's table starts at
+  # padding_idx + 1 = 2 (fairseq), so 512 tokens use rows 2..513 of 514.
+  position_offset: int = 0
   type_vocab_size: int = 2
   hidden_dropout: float = 0.1
   attention_dropout: float = 0.1
@@ -120,7 +132,9 @@ class BertConfig:
   # platform's best) | None (jax.nn.dot_product_attention picks).
   attention_impl: str | None = None
   # Architecture switches; ARCHS['modern'] sets all of them to ModernBERT's.
-  arch: str = 'bert'  # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler
+  # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler | roberta,
+  # xlm-roberta: BERT's block, no pooler or NSP head, RoBERTa's sequence head
+  arch: str = 'bert'
   norm_position: str = 'post'  # post (BERT) | pre (norm before each sub-block, final norm)
   use_bias: bool = True  # biases of the linear layers and norms (task heads keep theirs)
   mlp: str = 'mlp'  # mlp: act(x W1) W2 | glu: (act(x Wi_in) * x Wi_gate) Wo (GeGLU)
@@ -147,6 +161,8 @@ class BertConfig:
     for name, allowed in SWITCHES.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'model.{name}={getattr(self, name)!r}: expected one of {allowed}')
+    if self.position_offset < 0:
+      raise ValueError(f'model.position_offset={self.position_offset}: must be >= 0')
     if self.global_attention_every < 1:
       raise ValueError(f'model.global_attention_every={self.global_attention_every}: '
                        'must be >= 1 (1 = every layer global)')
@@ -161,6 +177,15 @@ class BertConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def is_roberta(self) -> bool:
+    return self.arch in ROBERTA_ARCHS
+
+  @property
+  def max_length(self) -> int:
+    """The longest row the position table covers."""
+    return self.max_position_embeddings - self.position_offset
 
   @property
   def compute_dtype(self):
@@ -302,8 +327,11 @@ class Embeddings(nn.Module):
     cfg = self.cfg
     x = self.word_embeddings(input_ids)
     if cfg.positions == 'learned':
-      x = x + self.position_embeddings(position_ids)
-    if cfg.type_vocab_size:
+      rows = position_ids + cfg.position_offset if cfg.position_offset else position_ids
+      x = x + self.position_embeddings(rows)
+    if cfg.type_vocab_size == 1:
+      x = x + self.token_type_embeddings.embedding[0]
+    elif cfg.type_vocab_size:
       x = x + jnp.einsum('bsv,vh->bsh',
                          jax.nn.one_hot(segment_ids, cfg.type_vocab_size, dtype=jnp.float32),
                          self.token_type_embeddings.embedding,

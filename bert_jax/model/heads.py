@@ -6,7 +6,11 @@ token classification, span extraction and multiple choice, numerically HuggingFa
 (models/modernbert/modeling_modernbert.py): no pooler, the MLM head's transform (`head`,
 our `mlm_transform` + `mlm_layer_norm`, carried over from pre-training as HF carries it) on
 the [CLS] state (or the mean, `classifier_pooling='mean'`) or on every token, dropout, then
-the classifier; multiple choice pools each choice's first unpadded token.
+the classifier; multiple choice pools each choice's first unpadded token. `arch='roberta'`
+(and `'xlm-roberta'`) is transformers' `RobertaFor*`: token, span and multiple-choice heads as
+BERT's, but the sequence head is `RobertaClassificationHead` (`ClassificationHead`: its own
+dense + tanh between two dropouts on the <s> state, then `out_proj`), since RoBERTa has no
+NSP-trained pooler to reuse; multiple choice keeps HF's pooler, fresh from an MLM checkpoint.
 
 The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same parameter
 names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
@@ -143,6 +147,8 @@ def encoder_groups(cfg: BertConfig, head: 'Head') -> tuple[str, ...]:
     return ENCODER_GROUPS[:2]
   if cfg.arch == 'modern':
     return MODERN_ENCODER_GROUPS
+  if cfg.is_roberta:  # the sequence head has its own dense (`ClassificationHead`)
+    return ENCODER_GROUPS if head.task == MULTIPLE_CHOICE else ENCODER_GROUPS[:2]
   return ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
 
 
@@ -199,8 +205,27 @@ class BertEncoder(nn.Module):
                   deterministic=deterministic, **packed)
 
 
+class ClassificationHead(nn.Module):
+  """RoBERTa's sequence head (`RobertaClassificationHead`): dropout, dense, tanh, dropout,
+  `out_proj`, on the <s> state. At inference it is BERT's pooler + classifier; in training
+  the first dropout differs, so it is its own module under HF's names."""
+
+  cfg: BertConfig
+  head: Head
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    cfg = self.cfg
+    drop = nn.Dropout(_dropout(cfg, self.head))
+    x = drop(x, deterministic=deterministic)
+    x = jnp.tanh(_head_dense(cfg, cfg.hidden_size, 'embed', 'dense')(x))
+    x = drop(x, deterministic=deterministic)
+    return _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[SEQUENCE], 'out_proj')(x)
+
+
 class BertForSequenceClassification(nn.Module):
-  """Dropout + dense on the pooled [CLS]: logits [B, num_labels] float32 ([B, 1] regression).
+  """Dropout + dense on the pooled [CLS]: logits [B, num_labels] float32 ([B, 1] regression);
+  RoBERTa's `ClassificationHead` on the <s> state.
 
   Packed rows (`next_sentence_positions` [B, K]) give [B, K, num_labels], one per instance.
   """
@@ -213,10 +238,15 @@ class BertForSequenceClassification(nn.Module):
                packed_segment_ids=None, next_sentence_positions=None,
                deterministic: bool = True) -> jax.Array:
     cfg = self.cfg
-    _, pooled = encode(
+    sequence_output, pooled = encode(
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, next_sentence_positions=next_sentence_positions,
-        deterministic=deterministic)
+        add_pooler=not cfg.is_roberta, deterministic=deterministic)
+    if cfg.is_roberta:
+      first = (sequence_output[:, 0] if next_sentence_positions is None
+               else gather_positions(sequence_output, next_sentence_positions))
+      logits = ClassificationHead(cfg, self.head, name='classifier')(first, deterministic)
+      return logits.astype(jnp.float32)
     pooled = nn.Dropout(_dropout(cfg, self.head))(pooled, deterministic=deterministic)
     logits = _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[SEQUENCE], 'classifier')(pooled)
     return logits.astype(jnp.float32)
@@ -368,9 +398,19 @@ def head_param(cfg: BertConfig, task: str) -> str:
 def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
   """Fresh parameters of the head alone ({'classifier': ...} or {'qa_outputs': ...})."""
   name = head_param(cfg, head.task)
-  dense = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
-  variables = dense.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
+  if cfg.is_roberta and head.task == SEQUENCE:
+    module = ClassificationHead(cfg, head)
+  else:
+    module = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
+  variables = module.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
   return {name: jax.tree_util.tree_map(np.asarray, nn.unbox(variables['params']))}
+
+
+def _fresh_pooler(cfg: BertConfig, rng: jax.Array) -> dict:
+  """A pooler as HF initialises RobertaForMultipleChoice's (an MLM checkpoint has none)."""
+  dense = _head_dense(cfg, cfg.hidden_size, 'embed', 'pooler')
+  variables = dense.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
+  return jax.tree_util.tree_map(np.asarray, nn.unbox(variables['params']))
 
 
 def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | None = None,
@@ -380,6 +420,12 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
   a freshly initialised head with a warning saying so."""
   groups = encoder_groups(cfg, head)
   missing = [g for g in groups if g not in encoder_params]
+  if cfg.is_roberta and missing == ['pooler']:
+    logging.warning('%s has no pooler (RoBERTa\'s MLM checkpoints have none): initialised '
+                    'fresh for %s, as HF does', source, head.task)
+    encoder_params = {**encoder_params, 'pooler': _fresh_pooler(
+        cfg, jax.random.fold_in(rng if rng is not None else jax.random.key(0), 1))}
+    missing = []
   if missing:
     raise ValueError(f'{source}: parameters lack {missing}; expected a BertForPreTraining '
                      f'tree ({", ".join(groups)})')

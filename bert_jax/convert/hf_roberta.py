@@ -1,0 +1,251 @@
+"""Flax parameters of `arch='roberta'` / `'xlm-roberta'` <-> transformers' RoBERTa and XLM-R
+directories (`RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, their `RobertaModel` encoders;
+models/roberta/modeling_roberta.py).
+
+The encoder is BERT's under `roberta.` (hf.py's layer map, unchanged); what differs is kept here:
+  - positions: HF numbers real tokens from `pad_token_id + 1` (fairseq's
+    `create_position_ids_from_input_ids`), our `position_offset`; padding is masked, so its
+    position (HF: `pad_token_id`) never reaches a real token;
+  - the MLM head `lm_head.{dense,layer_norm,bias}` is our `mlm_transform`, `mlm_layer_norm`,
+    `mlm_output_bias`; `lm_head.decoder` is tied to the word embeddings and the bias, so it
+    is not written (HF's `_tied_weights_keys`). Its activation is always exact GELU;
+  - no NSP head, and a pooler only in `RobertaModel` / `RobertaForMultipleChoice` (read when
+    there, written when our tree has one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax.convert import hf
+from bert_jax.model.encoder import ROBERTA_ARCHS, BertConfig, init_params
+
+Array = np.ndarray
+MODEL_TYPES = ROBERTA_ARCHS  # config.json model_type == our arch
+CLASS_PREFIX = {'roberta': 'Roberta', 'xlm-roberta': 'XLMRoberta'}
+ENCODER_PREFIX = 'roberta.'
+# Buffers and tied copies a checkpoint may hold that are not parameters of their own.
+_NOT_PARAMS = ('embeddings.position_ids', 'embeddings.token_type_ids', 'lm_head.decoder.weight',
+               'lm_head.decoder.bias')
+# hf.py's BERT maps and tree helpers: RoBERTa's encoder is BERT's, tensor for tensor.
+_layer_map, _bert_top_map, _linear, _get, _set, _layer_tree = (  # pylint: disable=protected-access
+    hf._layer_map, hf._top_map, hf._linear, hf._get, hf._set, hf._layer_tree)
+
+
+def _same(x):
+  return x
+
+
+def _top_map() -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
+  """HF key (without `roberta.`) -> (our path, hf->ours, ours->hf); layers are hf.py's."""
+  m = {k: v for k, v in _bert_top_map().items()
+       if k.startswith(('embeddings.', 'pooler.'))}
+  lin = (_linear, _linear)
+  m.update({
+      'lm_head.dense.weight': (('mlm_transform', 'kernel'), *lin),
+      'lm_head.dense.bias': (('mlm_transform', 'bias'), _same, _same),
+      'lm_head.layer_norm.weight': (('mlm_layer_norm', 'scale'), _same, _same),
+      'lm_head.layer_norm.bias': (('mlm_layer_norm', 'bias'), _same, _same),
+      'lm_head.bias': (('mlm_output_bias',), _same, _same),
+  })
+  return m
+
+
+def _is_head(key: str) -> bool:
+  return key.startswith('lm_head.')
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def check_exportable(cfg: BertConfig) -> None:
+  """Only what transformers' RoBERTa has: BERT's block, learned positions past the padding
+  index, and exact GELU (RobertaLMHead hard-codes it, whatever hidden_act says)."""
+  bert = BertConfig()
+  off = {k: getattr(cfg, k) for k in ('norm_position', 'use_bias', 'mlp', 'positions',
+                                      'global_attention_every')
+         if getattr(cfg, k) != getattr(bert, k)}
+  if cfg.hidden_act != 'gelu':
+    off['hidden_act'] = cfg.hidden_act
+  if cfg.position_offset < 1:
+    off['position_offset'] = cfg.position_offset
+  if cfg.arch not in ROBERTA_ARCHS or off:
+    raise hf.CheckpointError(
+        f'model.arch={cfg.arch!r} with {off or "these switches"} has no transformers RoBERTa '
+        'class: export needs arch roberta or xlm-roberta, BERT\'s block (post-norm, biases, '
+        'learned positions, global attention), hidden_act=gelu and position_offset >= 1')
+
+
+def architecture(cfg: BertConfig, suffix: str = 'ForMaskedLM') -> str:
+  return CLASS_PREFIX[cfg.arch] + suffix
+
+
+def config_to_hf(cfg: BertConfig, architecture_name: str | None = None) -> dict[str, Any]:
+  check_exportable(cfg)
+  return {
+      'architectures': [architecture_name or architecture(cfg)],
+      'model_type': cfg.arch,
+      'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.hidden_size,
+      'num_hidden_layers': cfg.num_layers,
+      'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.intermediate_size,
+      'hidden_act': 'gelu',
+      'hidden_dropout_prob': cfg.hidden_dropout,
+      'attention_probs_dropout_prob': cfg.attention_dropout,
+      'max_position_embeddings': cfg.max_position_embeddings,
+      'type_vocab_size': cfg.type_vocab_size,
+      'initializer_range': cfg.initializer_range,
+      'layer_norm_eps': cfg.layer_norm_eps,
+      # HF derives the position offset from pad_token_id; bos/eos are the tokenizer's (RoBERTa's
+      # and XLM-R's <s> and </s>) and change no number.
+      'pad_token_id': cfg.position_offset - 1,
+      'bos_token_id': 0,
+      'eos_token_id': 2,
+      'position_embedding_type': 'absolute',
+      'tie_word_embeddings': True,
+      'torch_dtype': 'float32',
+  }
+
+
+def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
+  """Our config of a RoBERTa / XLM-R config.json; absent fields take RobertaConfig's defaults
+  (as transformers would build the model), not roberta-base's."""
+  model_type = hf_config.get('model_type')
+  if model_type not in MODEL_TYPES:
+    raise hf.CheckpointError(f'{source}: model_type {model_type!r} is not one of {MODEL_TYPES}')
+  act = hf_config.get('hidden_act', 'gelu')
+  if act != 'gelu':
+    raise hf.CheckpointError(f'{source}: hidden_act {act!r}; only "gelu" is supported for '
+                             'RoBERTa (its MLM head always uses exact GELU)')
+  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
+    raise hf.CheckpointError(f'{source}: position_embedding_type '
+                             f'{hf_config["position_embedding_type"]!r}; only "absolute"')
+  if hf_config.get('is_decoder') or hf_config.get('add_cross_attention'):
+    raise hf.CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal RoBERTa is '
+                             'not an encoder; only bidirectional checkpoints are supported')
+  pad = hf_config.get('pad_token_id', 1)
+  if pad is None or pad < 0:
+    raise hf.CheckpointError(f'{source}: pad_token_id {pad!r}; RoBERTa numbers positions from '
+                             'pad_token_id + 1, so it needs one >= 0')
+  try:
+    return BertConfig(
+        arch=model_type, position_offset=pad + 1,
+        vocab_size=hf_config['vocab_size'], hidden_size=hf_config['hidden_size'],
+        num_layers=hf_config['num_hidden_layers'],
+        num_heads=hf_config['num_attention_heads'],
+        intermediate_size=hf_config['intermediate_size'], hidden_act='gelu',
+        hidden_dropout=hf_config.get('hidden_dropout_prob', 0.1),
+        attention_dropout=hf_config.get('attention_probs_dropout_prob', 0.1),
+        max_position_embeddings=hf_config.get('max_position_embeddings', 512),
+        type_vocab_size=hf_config.get('type_vocab_size', 2),
+        initializer_range=hf_config.get('initializer_range', 0.02),
+        layer_norm_eps=hf_config.get('layer_norm_eps', 1e-12))
+  except KeyError as e:
+    raise hf.CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def _hf_name(key: str, prefix: str) -> str:
+  return key if _is_head(key) else prefix + key
+
+
+def _to_hf_tree(params, cfg: BertConfig, prefix: str) -> dict:
+  """Our tree -> HF-keyed, HF-shaped tensors; groups the tree lacks (a head model's MLM head,
+  the pooler of all but multiple choice) are not written."""
+  out = {}
+  for key, (path, _, to_hf) in _top_map().items():
+    if path[0] in params:
+      out[_hf_name(key, prefix)] = to_hf(_get(params, path))
+  layer_map = _layer_map(cfg)
+  for i in range(cfg.num_layers):
+    layer = _layer_tree(params, cfg, i)
+    for key, (path, _, to_hf) in layer_map.items():
+      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
+  return out
+
+
+def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
+  """Our tree -> `(XLM)RobertaForMaskedLM` state dict (float32 numpy, no tied decoder)."""
+  check_exportable(cfg)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), dict(params))
+  return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
+
+
+def _canonical(key: str) -> str:
+  """No `roberta.` prefix (a bare `RobertaModel` has none)."""
+  return key[len(ENCODER_PREFIX):] if key.startswith(ENCODER_PREFIX) else key
+
+
+def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+  """HF tensor shapes implied by `cfg` (pooler included), computed abstractly."""
+  def tree():
+    params = dict(init_params(cfg, jax.random.key(0)))
+    params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
+                        'bias': np.zeros((cfg.hidden_size,), np.float32)}
+    return _to_hf_tree(params, cfg, '')
+  return {k: tuple(v.shape) for k, v in jax.eval_shape(tree).items()}
+
+
+def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
+                   source: str = 'checkpoint') -> dict:
+  """HF RoBERTa / XLM-R state dict -> our tree (its pooler too, when it has one).
+
+  Encoder weights must all be there; a checkpoint without the MLM head (`RobertaModel`,
+  sentence-transformers) gets a fresh one from `rng`, with a warning naming it.
+  """
+  state = {_canonical(k): np.asarray(v) for k, v in state.items()}
+  expected = _expected_shapes(cfg)
+  for key, shape in expected.items():
+    if key in state and tuple(state[key].shape) != shape:
+      raise hf.CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
+                               f'but config.json implies {shape}')
+  layer_map = _layer_map(cfg)
+  top = _top_map()
+  encoder_keys = ([k for k in top if k.startswith('embeddings.')] +
+                  [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map])
+  missing = [k for k in encoder_keys if k not in state]
+  if missing:
+    raise hf.CheckpointError(
+        f'{source}: {len(missing)} encoder tensors are missing, e.g. {missing[:3]}; it is not '
+        'a complete RoBERTa of this config.json')
+
+  params: dict = {}
+  fresh_heads = []
+  for key, (path, from_hf, _) in top.items():
+    if key in state:
+      _set(params, path, from_hf(state[key].astype(np.float32)))
+    elif _is_head(key):
+      fresh_heads.append(key)
+  if fresh_heads:
+    fresh = init_params(cfg, rng if rng is not None else jax.random.key(0))
+    for group in ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'):
+      params[group] = jax.tree_util.tree_map(np.asarray, fresh[group])
+    logging.warning('%s has no lm_head (an encoder-only checkpoint): the MLM head is '
+                    'initialised fresh; pre-train before using it.', source)
+  if 'pooler' in params and len(params['pooler']) != 2:
+    raise hf.CheckpointError(f'{source}: pooler.dense.weight and .bias must come together')
+
+  layers = []
+  for i in range(cfg.num_layers):
+    layer: dict = {}
+    for key, (path, from_hf, _) in layer_map.items():
+      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
+    layers.append(layer)
+  if cfg.scan_layers:
+    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  else:
+    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
+
+  unused = sorted(k for k in state if k not in expected and k not in _NOT_PARAMS)
+  if unused:
+    logging.warning('%s: ignored %d tensors that are not part of RobertaForMaskedLM: %s',
+                    source, len(unused), unused[:8])
+  return params
