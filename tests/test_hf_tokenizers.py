@@ -24,8 +24,8 @@ from input_pipeline import tfrecord
 from input_pipeline.hf_tokenizer import HFTokenizer
 from input_pipeline.pretrain import create_pretraining_data as cpd, example_codec
 from input_pipeline.pretrain.instances import MaskingConfig
-from input_pipeline.tokenizer import (SentencePieceTokenizer, WordPieceTokenizer,
-                                      find_tokenizer_file, load_tokenizer, open_tokenizer)
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
+from input_pipeline.tokenizer_files import find_tokenizer_file, load_tokenizer, open_tokenizer
 from tests import test_finetune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,8 +15,8 @@ import logging
 from bert_jax.convert import hf
 from input_pipeline import fs
 from input_pipeline.hf_tokenizer import HFTokenizer
-from input_pipeline.tokenizer import (
-    TOKENIZER_FILES, SentencePieceTokenizer, WordPieceTokenizer, find_tokenizer_file)
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
+from input_pipeline.tokenizer_files import TOKENIZER_FILES, find_tokenizer_file
 
 
 def vocab_is_uncased(vocab_file: str) -> bool:

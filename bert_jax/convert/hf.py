@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -37,6 +37,9 @@ HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
 
 # A directory that is not a loadable BERT or ModernBERT checkpoint (one type for both).
 CheckpointError = hf_modern.CheckpointError
+# The BERT layout's key maps (shared with hf_roberta.py, which hf.py dispatches to).
+from bert_jax.convert.bert_state_map import (  # noqa: E402  pylint: disable=g-import-not-at-top
+    _get, _layer_map, _layer_tree, _set, _top_map)
 
 
 def _roberta():
@@ -117,60 +120,6 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
 # ----------------------------------------------------------------------------- weights
 
 
-def _linear(w: Array) -> Array:
-  return w.T
-
-
-def _layer_map(cfg: BertConfig) -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
-  """HF key suffix in a layer -> (our path inside the layer, hf->ours, ours->hf)."""
-  h, n, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-  same = (lambda x: x, lambda x: x)
-  qkv_kernel = (lambda w: w.T.reshape(h, n, d), lambda k: k.reshape(h, h).T)
-  qkv_bias = (lambda b: b.reshape(n, d), lambda b: b.reshape(h))
-  out_kernel = (lambda w: w.T.reshape(n, d, h), lambda k: k.reshape(h, h).T)
-  lin = (_linear, _linear)
-  m = {}
-  for name in ('query', 'key', 'value'):
-    m[f'attention.self.{name}.weight'] = (('attention', name, 'kernel'), *qkv_kernel)
-    m[f'attention.self.{name}.bias'] = (('attention', name, 'bias'), *qkv_bias)
-  m['attention.output.dense.weight'] = (('attention', 'output', 'kernel'), *out_kernel)
-  m['attention.output.dense.bias'] = (('attention', 'output', 'bias'), *same)
-  m['intermediate.dense.weight'] = (('intermediate', 'kernel'), *lin)
-  m['intermediate.dense.bias'] = (('intermediate', 'bias'), *same)
-  m['output.dense.weight'] = (('output', 'kernel'), *lin)
-  m['output.dense.bias'] = (('output', 'bias'), *same)
-  for hf_ln, ours in (('attention.output.LayerNorm', 'attention_layer_norm'),
-                      ('output.LayerNorm', 'output_layer_norm')):
-    m[f'{hf_ln}.weight'] = ((ours, 'scale'), *same)
-    m[f'{hf_ln}.bias'] = ((ours, 'bias'), *same)
-  return m
-
-
-def _top_map() -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
-  """Full HF key (without the `bert.` prefix) -> (our path, hf->ours, ours->hf)."""
-  same = (lambda x: x, lambda x: x)
-  lin = (_linear, _linear)
-  m = {
-      'embeddings.word_embeddings.weight': (('embeddings', 'word_embeddings', 'embedding'), *same),
-      'embeddings.position_embeddings.weight':
-          (('embeddings', 'position_embeddings', 'embedding'), *same),
-      'embeddings.token_type_embeddings.weight':
-          (('embeddings', 'token_type_embeddings', 'embedding'), *same),
-      'embeddings.LayerNorm.weight': (('embeddings', 'layer_norm', 'scale'), *same),
-      'embeddings.LayerNorm.bias': (('embeddings', 'layer_norm', 'bias'), *same),
-      'pooler.dense.weight': (('pooler', 'kernel'), *lin),
-      'pooler.dense.bias': (('pooler', 'bias'), *same),
-      'cls.predictions.bias': (('mlm_output_bias',), *same),
-      'cls.predictions.transform.dense.weight': (('mlm_transform', 'kernel'), *lin),
-      'cls.predictions.transform.dense.bias': (('mlm_transform', 'bias'), *same),
-      'cls.predictions.transform.LayerNorm.weight': (('mlm_layer_norm', 'scale'), *same),
-      'cls.predictions.transform.LayerNorm.bias': (('mlm_layer_norm', 'bias'), *same),
-      'cls.seq_relationship.weight': (('nsp', 'kernel'), *lin),
-      'cls.seq_relationship.bias': (('nsp', 'bias'), *same),
-  }
-  return m
-
-
 def _hf_key(key: str) -> str:
   """Canonical spelling: no `bert.` prefix, `weight`/`bias` for legacy `gamma`/`beta`."""
   if key.startswith('bert.'):
@@ -180,25 +129,6 @@ def _hf_key(key: str) -> str:
   elif key.endswith('.beta'):
     key = key[:-len('.beta')] + '.bias'
   return key
-
-
-def _get(tree, path):
-  for p in path:
-    tree = tree[p]
-  return tree
-
-
-def _set(tree, path, value):
-  for p in path[:-1]:
-    tree = tree.setdefault(p, {})
-  tree[path[-1]] = value
-
-
-def _layer_tree(params, cfg: BertConfig, i: int):
-  enc = params['encoder']
-  if cfg.scan_layers:
-    return jax.tree_util.tree_map(lambda x: x[i], enc['layers'])
-  return enc[f'layer_{i}']
 
 
 def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:

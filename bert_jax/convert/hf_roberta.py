@@ -2,7 +2,7 @@
 directories (`RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, their `RobertaModel` encoders;
 models/roberta/modeling_roberta.py).
 
-The encoder is BERT's under `roberta.` (hf.py's layer map, unchanged); what differs is kept here:
+The encoder is BERT's under `roberta.` (bert_state_map.py's layer map, unchanged); what differs is kept here:
   - positions: HF numbers real tokens from `pad_token_id + 1` (fairseq's
     `create_position_ids_from_input_ids`), our `position_offset`; padding is masked, so its
     position (HF: `pad_token_id`) never reaches a real token;
@@ -22,7 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf
+from bert_jax.convert import bert_state_map
+from bert_jax.convert.hf_modern import CheckpointError
 from bert_jax.model.encoder import ROBERTA_ARCHS, BertConfig, init_params
 
 Array = np.ndarray
@@ -32,9 +33,9 @@ ENCODER_PREFIX = 'roberta.'
 # Buffers and tied copies a checkpoint may hold that are not parameters of their own.
 _NOT_PARAMS = ('embeddings.position_ids', 'embeddings.token_type_ids', 'lm_head.decoder.weight',
                'lm_head.decoder.bias')
-# hf.py's BERT maps and tree helpers: RoBERTa's encoder is BERT's, tensor for tensor.
+# bert_state_map.py's BERT maps and tree helpers: RoBERTa's encoder is BERT's, tensor for tensor.
 _layer_map, _bert_top_map, _linear, _get, _set, _layer_tree = (  # pylint: disable=protected-access
-    hf._layer_map, hf._top_map, hf._linear, hf._get, hf._set, hf._layer_tree)
+    bert_state_map._layer_map, bert_state_map._top_map, bert_state_map._linear, bert_state_map._get, bert_state_map._set, bert_state_map._layer_tree)
 
 
 def _same(x):
@@ -42,7 +43,7 @@ def _same(x):
 
 
 def _top_map() -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
-  """HF key (without `roberta.`) -> (our path, hf->ours, ours->hf); layers are hf.py's."""
+  """HF key (without `roberta.`) -> (our path, hf->ours, ours->hf); layers are bert_state_map.py's."""
   m = {k: v for k, v in _bert_top_map().items()
        if k.startswith(('embeddings.', 'pooler.'))}
   lin = (_linear, _linear)
@@ -75,7 +76,7 @@ def check_exportable(cfg: BertConfig) -> None:
   if cfg.position_offset < 1:
     off['position_offset'] = cfg.position_offset
   if cfg.arch not in ROBERTA_ARCHS or off:
-    raise hf.CheckpointError(
+    raise CheckpointError(
         f'model.arch={cfg.arch!r} with {off or "these switches"} has no transformers RoBERTa '
         'class: export needs arch roberta or xlm-roberta, BERT\'s block (post-norm, biases, '
         'learned positions, global attention), hidden_act=gelu and position_offset >= 1')
@@ -118,20 +119,20 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
   (as transformers would build the model), not roberta-base's."""
   model_type = hf_config.get('model_type')
   if model_type not in MODEL_TYPES:
-    raise hf.CheckpointError(f'{source}: model_type {model_type!r} is not one of {MODEL_TYPES}')
+    raise CheckpointError(f'{source}: model_type {model_type!r} is not one of {MODEL_TYPES}')
   act = hf_config.get('hidden_act', 'gelu')
   if act != 'gelu':
-    raise hf.CheckpointError(f'{source}: hidden_act {act!r}; only "gelu" is supported for '
+    raise CheckpointError(f'{source}: hidden_act {act!r}; only "gelu" is supported for '
                              'RoBERTa (its MLM head always uses exact GELU)')
   if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
-    raise hf.CheckpointError(f'{source}: position_embedding_type '
+    raise CheckpointError(f'{source}: position_embedding_type '
                              f'{hf_config["position_embedding_type"]!r}; only "absolute"')
   if hf_config.get('is_decoder') or hf_config.get('add_cross_attention'):
-    raise hf.CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal RoBERTa is '
+    raise CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal RoBERTa is '
                              'not an encoder; only bidirectional checkpoints are supported')
   pad = hf_config.get('pad_token_id', 1)
   if pad is None or pad < 0:
-    raise hf.CheckpointError(f'{source}: pad_token_id {pad!r}; RoBERTa numbers positions from '
+    raise CheckpointError(f'{source}: pad_token_id {pad!r}; RoBERTa numbers positions from '
                              'pad_token_id + 1, so it needs one >= 0')
   try:
     return BertConfig(
@@ -147,7 +148,7 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
         initializer_range=hf_config.get('initializer_range', 0.02),
         layer_norm_eps=hf_config.get('layer_norm_eps', 1e-12))
   except KeyError as e:
-    raise hf.CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
 
 
 # ----------------------------------------------------------------------------- weights
@@ -205,7 +206,7 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   expected = _expected_shapes(cfg)
   for key, shape in expected.items():
     if key in state and tuple(state[key].shape) != shape:
-      raise hf.CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
+      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
                                f'but config.json implies {shape}')
   layer_map = _layer_map(cfg)
   top = _top_map()
@@ -213,7 +214,7 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
                   [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map])
   missing = [k for k in encoder_keys if k not in state]
   if missing:
-    raise hf.CheckpointError(
+    raise CheckpointError(
         f'{source}: {len(missing)} encoder tensors are missing, e.g. {missing[:3]}; it is not '
         'a complete RoBERTa of this config.json')
 
@@ -231,7 +232,7 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
     logging.warning('%s has no lm_head (an encoder-only checkpoint): the MLM head is '
                     'initialised fresh; pre-train before using it.', source)
   if 'pooler' in params and len(params['pooler']) != 2:
-    raise hf.CheckpointError(f'{source}: pooler.dense.weight and .bias must come together')
+    raise CheckpointError(f'{source}: pooler.dense.weight and .bias must come together')
 
   layers = []
   for i in range(cfg.num_layers):

@@ -43,7 +43,7 @@ from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, init_params
 from bert_jax.training import checkpointing
 from input_pipeline import fs
-from input_pipeline.tokenizer import load_tokenizer
+from input_pipeline.tokenizer_files import load_tokenizer
 
 __all__ = ['ALLOW_VOCAB_CHANGE', 'HF_DIR', 'RANDOM', 'TF_CHECKPOINT', 'WORKDIR', 'StartPoint',
            'check_compatible', 'check_sentence_objective', 'check_vocabulary', 'detect_kind',

@@ -18,7 +18,7 @@ from configs import upgrade
 from bert_jax.training import checkpointing
 from bert_jax.training.run_setup import model_config
 from input_pipeline import fs
-from input_pipeline.tokenizer import load_tokenizer
+from input_pipeline.tokenizer_files import load_tokenizer
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:

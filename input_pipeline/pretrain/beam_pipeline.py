@@ -54,7 +54,7 @@ from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus as corpus_lib
 from input_pipeline.pretrain import create_pretraining_data as cpd
 from input_pipeline.pretrain.instances import InstanceStats
-from input_pipeline.tokenizer import load_tokenizer
+from input_pipeline.tokenizer_files import load_tokenizer
 
 
 # ---------------------------------------------------------------- the window rule, by unit

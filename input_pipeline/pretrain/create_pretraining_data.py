@@ -49,7 +49,8 @@ from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus as corpus_lib, example_codec, masking, objectives
 from input_pipeline.pretrain import packing
 from input_pipeline.pretrain.instances import create_instances, InstanceStats, MaskingConfig
-from input_pipeline.tokenizer import load_tokenizer, SentencePieceTokenizer, WordPieceTokenizer
+from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
+from input_pipeline.tokenizer_files import load_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Job:
   vocab_file: str | None = None
   spm_model: str | None = None
   # A tokenizer.json / RoBERTa vocab.json, or a directory holding a tokenizer (a released
-  # model's: ModernBERT, RoBERTa, XLM-R...), read by tokenizer.open_tokenizer.
+  # model's: ModernBERT, RoBERTa, XLM-R...), read by tokenizer_files.open_tokenizer.
   tokenizer: str | None = None
   do_lower_case: bool = True
   input_file: str | None = None

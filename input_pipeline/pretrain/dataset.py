@@ -199,7 +199,7 @@ class _DefaultVocab:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(vocab_file: str, spm_model: str, do_lower_case: bool):
-  from input_pipeline.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer_files import load_tokenizer  # pylint: disable=g-import-not-at-top
   return load_tokenizer(vocab_file or None, spm_model or None, do_lower_case)
 
 
