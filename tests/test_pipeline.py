@@ -630,7 +630,7 @@ def test_reader_refuses_records_of_another_sentence_objective(corpus_file, tmp_p
           rf"data files '.*{have}-\*': 2 of 2 files hold {have} records \(.*\), e\.g\. "
           rf".*{have}-00000-of-00002, but data\.sentence_objective='{want}'; set "
           rf"--config\.data\.sentence_objective={have}, or re-create the files with "
-          rf"python -m input_pipeline\.pretraining\.create_pretraining_data --next_sentence={want}")):
+          rf"python -m input_pipeline\.pretrain\.create_pretraining_data --next_sentence={want}")):
         data_lib.make_dataset(cfg, training=False)
   # google-research/bert's records (no marker) count as nsp; ALBERT's (token_boundary) as sop.
   with pytest.raises(ValueError, match='hold nsp records'):
