@@ -10,7 +10,7 @@ Both expose `is_word_start(ids)` for whole-word masking, `save_pretrained(dir)` 
 HF tokenizer files next to an exported model, `do_lower_case` (for SentencePiece read from
 the model, `spm_is_uncased`) and `fingerprint`, a content hash that tells two vocabularies
 apart (continued pre-training refuses a start point whose ids mean other words).
-`open_tokenizer(path)` reads any of them from a file or a model's directory
+`tokenizer_files.open_tokenizer(path)` reads any of them from a file or a model's directory
 (`find_tokenizer_file` documents which file wins).
 """
 
