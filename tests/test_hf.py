@@ -142,9 +142,8 @@ def test_encoder_only_checkpoint_loads_with_fresh_heads_and_a_warning(tmp_path, 
 def test_not_bert_names_the_architecture(tmp_path):
   cfg = CONFIGS['tiny']
   path = _write_torch_checkpoint(
-      tmp_path / 'electra', cfg, {}, {'model_type': 'electra',
-                                      'architectures': ['ElectraForMaskedLM']})
-  with pytest.raises(hf.CheckpointError, match='electra.*ElectraForMaskedLM.*not BERT'):
+      tmp_path / 'gpt2', cfg, {}, {'model_type': 'gpt2', 'architectures': ['GPT2LMHeadModel']})
+  with pytest.raises(hf.CheckpointError, match='gpt2.*GPT2LMHeadModel.*not BERT'):
     hf.load_pretrained(path)
 
 

@@ -1,6 +1,7 @@
 """BERT's HF state-dict layout as key maps: which of our params each `bert.*` (or `roberta.*`)
-tensor is, and how it is transposed. One place read by bert_jax/convert/hf.py (BERT) and
-hf_roberta.py (RoBERTa and XLM-R, the same layers under another prefix)."""
+tensor is, and how it is transposed, and the activation names. One place read by
+bert_jax/convert/hf.py (BERT), hf_roberta.py (RoBERTa and XLM-R, the same layers under
+another prefix) and hf_electra.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import numpy as np
 from bert_jax.model.encoder import BertConfig
 
 Array = np.ndarray
+
+# BERT-layout configs' hidden_act names (BERT, RoBERTa, ELECTRA) <-> ours.
+ACT_FROM_HF = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh'}
+ACT_TO_HF = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new'}
 
 
 def _linear(w: Array) -> Array:

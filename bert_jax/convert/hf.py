@@ -1,6 +1,7 @@
 """Flax parameters <-> HuggingFace `BertForPreTraining` directories (and, through
 hf_modern.py, `ModernBertForMaskedLM` ones, through hf_roberta.py `(XLM)RobertaForMaskedLM`
-ones: `model_type` or `cfg.arch` picks).
+ones, through hf_electra.py `ElectraForMaskedLM` / `ElectraForPreTraining` ones: `model_type`
+or `cfg.arch` picks).
 
 `save_pretrained` writes `config.json` + `model.safetensors` (+ tokenizer files) with numpy
 only, so exporting needs no torch. `load_pretrained` reads safetensors (single or sharded)
@@ -29,8 +30,6 @@ from input_pipeline import fs
 Array = np.ndarray
 StateDict = dict[str, Array]
 
-_ACT_FROM_HF = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh'}
-_ACT_TO_HF = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new'}
 HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
                'nsp': ('nsp',), 'pooler': ('pooler',)}
 
@@ -39,13 +38,19 @@ HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
 CheckpointError = hf_modern.CheckpointError
 # The BERT layout's key maps (shared with hf_roberta.py, which hf.py dispatches to).
 from bert_jax.convert.bert_state_map import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    _get, _layer_map, _layer_tree, _set, _top_map)
+    ACT_FROM_HF, ACT_TO_HF, _get, _layer_map, _layer_tree, _set, _top_map)
 
 
 def _roberta():
   """hf_roberta.py, which builds on this module's maps (so it cannot be imported at the top)."""
   from bert_jax.convert import hf_roberta  # pylint: disable=g-import-not-at-top
   return hf_roberta
+
+
+def _electra():
+  """hf_electra.py (imported when needed, as hf_roberta.py is)."""
+  from bert_jax.convert import hf_electra  # pylint: disable=g-import-not-at-top
+  return hf_electra
 
 
 # ----------------------------------------------------------------------------- configs
@@ -60,7 +65,7 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
       'num_hidden_layers': cfg.num_layers,
       'num_attention_heads': cfg.num_heads,
       'intermediate_size': cfg.intermediate_size,
-      'hidden_act': _ACT_TO_HF[cfg.hidden_act],
+      'hidden_act': ACT_TO_HF[cfg.hidden_act],
       'hidden_dropout_prob': cfg.hidden_dropout,
       'attention_probs_dropout_prob': cfg.attention_dropout,
       'max_position_embeddings': cfg.max_position_embeddings,
@@ -75,12 +80,14 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
 
 
 def config_to_hf_any(cfg: BertConfig) -> dict[str, Any]:
-  """The MLM export's config.json of any arch: BertForPreTraining, ModernBertForMaskedLM or
-  (XLM)RobertaForMaskedLM."""
+  """The MLM export's config.json of any arch: BertForPreTraining, ModernBertForMaskedLM,
+  (XLM)RobertaForMaskedLM or ElectraForMaskedLM."""
   if cfg.arch == 'modern':
     return hf_modern.config_to_hf(cfg)
   if cfg.is_roberta:
     return _roberta().config_to_hf(cfg)
+  if cfg.is_electra:
+    return _electra().config_to_hf(cfg)
   return config_to_hf(cfg)
 
 
@@ -90,15 +97,18 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
     return hf_modern.config_from_hf(hf, source)
   if model_type in ROBERTA_ARCHS:
     return _roberta().config_from_hf(hf, source)
+  if model_type == 'electra':
+    return _electra().config_from_hf(hf, source)
   if model_type != 'bert':
     arch = ', '.join(hf.get('architectures') or []) or 'unknown architecture'
     raise CheckpointError(f'{source}: model_type is {model_type!r} ({arch}), not BERT; '
-                          'only BERT, ModernBERT, RoBERTa and XLM-R checkpoints (model_type '
-                          '"bert", "modernbert", "roberta" or "xlm-roberta") can be loaded')
+                          'only BERT, ModernBERT, RoBERTa, XLM-R and ELECTRA checkpoints '
+                          '(model_type "bert", "modernbert", "roberta", "xlm-roberta" or '
+                          '"electra") can be loaded')
   act = hf.get('hidden_act', 'gelu')
-  if act not in _ACT_FROM_HF:
+  if act not in ACT_FROM_HF:
     raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
-                          f'{sorted(_ACT_FROM_HF)}')
+                          f'{sorted(ACT_FROM_HF)}')
   if hf.get('position_embedding_type', 'absolute') != 'absolute':
     raise CheckpointError(f'{source}: position_embedding_type '
                           f'{hf["position_embedding_type"]!r}; only "absolute" is BERT')
@@ -106,7 +116,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
     return BertConfig(
         vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'],
         num_layers=hf['num_hidden_layers'], num_heads=hf['num_attention_heads'],
-        intermediate_size=hf['intermediate_size'], hidden_act=_ACT_FROM_HF[act],
+        intermediate_size=hf['intermediate_size'], hidden_act=ACT_FROM_HF[act],
         hidden_dropout=hf.get('hidden_dropout_prob', 0.1),
         attention_dropout=hf.get('attention_probs_dropout_prob', 0.1),
         max_position_embeddings=hf.get('max_position_embeddings', 512),
@@ -147,11 +157,14 @@ def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
   """Our parameter tree -> HF BertForPreTraining (or ModernBertForMaskedLM, or
-  (XLM)RobertaForMaskedLM under `roberta.`) state dict (float32 numpy, no tied copies)."""
+  (XLM)RobertaForMaskedLM under `roberta.`, or ElectraForMaskedLM under `electra.`) state dict
+  (float32 numpy, no tied copies)."""
   if cfg.arch == 'modern':
     return hf_modern.params_to_hf(params, cfg)
   if cfg.is_roberta:
     return _roberta().params_to_hf(params, cfg, 'roberta.' if prefix == 'bert.' else prefix)
+  if cfg.is_electra:
+    return _electra().params_to_hf(params, cfg, 'electra.' if prefix == 'bert.' else prefix)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
   return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
 
@@ -168,12 +181,14 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
 
   Accepts `bert.`-prefixed or bare keys and legacy `gamma`/`beta`. Encoder weights must all be
   present; missing heads (BertModel, sentence-transformers) are freshly initialised from `rng`
-  with a warning that names them. ModernBERT and RoBERTa configs go to their modules.
+  with a warning that names them. ModernBERT, RoBERTa and ELECTRA configs go to their modules.
   """
   if cfg.arch == 'modern':
     return hf_modern.params_from_hf(state, cfg, source)
   if cfg.is_roberta:
     return _roberta().params_from_hf(state, cfg, rng=rng, source=source)
+  if cfg.is_electra:
+    return _electra().params_from_hf(state, cfg, rng=rng, source=source)
   state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_hf_shapes(cfg)
   for key, shape in expected.items():
@@ -310,7 +325,7 @@ def load_pretrained(path: str, *, rng: jax.Array | None = None,
 
 def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
                     overwrite: bool = False) -> str:
-  """Write an HF `BertForPreTraining` (ModernBERT, RoBERTa: `...ForMaskedLM`) directory
+  """Write an HF `BertForPreTraining` (ModernBERT, RoBERTa, ELECTRA: `...ForMaskedLM`) directory
   atomically; returns `path`.
 
   Locally, everything is written into a sibling temporary directory first and renamed into

@@ -13,7 +13,9 @@ tensors come from `hf.params_to_hf`, so they are converted exactly as a pre-trai
 `model.`, the MLM head's transform as `head.*`, every task's head as `classifier.*`).
 `arch='roberta'` / `'xlm-roberta'` go to and from `(XLM)RobertaFor<Task>` (hf_roberta.py's
 encoder under `roberta.`; the sequence head is `classifier.dense` + `classifier.out_proj`,
-multiple choice keeps `roberta.pooler`).
+multiple choice keeps `roberta.pooler`). `arch='electra'` goes to and from `ElectraFor<Task>`
+(hf_electra.py's encoder under `electra.`; the sequence head `ElectraClassificationHead` is
+`classifier.dense` + `classifier.out_proj`, multiple choice's summary `sequence_summary.summary`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_roberta
+from bert_jax.convert import hf, hf_electra, hf_roberta
 from bert_jax.model import encoder as model, heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.model.heads import Head, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, head_param
@@ -40,7 +42,7 @@ MODERN_ARCHITECTURES = {task: 'Modern' + name for task, name in ARCHITECTURES.it
 FAMILY_ARCHITECTURES = {
     'modern': MODERN_ARCHITECTURES,
     **{arch: {task: prefix + name[len('Bert'):] for task, name in ARCHITECTURES.items()}
-       for arch, prefix in hf_roberta.CLASS_PREFIX.items()}}
+       for arch, prefix in {**hf_roberta.CLASS_PREFIX, 'electra': 'Electra'}.items()}}
 
 
 def architecture(cfg: BertConfig, task: str) -> str:
@@ -62,6 +64,8 @@ def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
     out['problem_type'] = head.resolved_problem_type
   if head.classifier_dropout is not None:
     out['classifier_dropout'] = head.classifier_dropout
+    if cfg.is_electra and head.task == MULTIPLE_CHOICE:  # ElectraSequenceSummary's dropout
+      out['summary_last_dropout'] = head.classifier_dropout
   return out
 
 
@@ -73,7 +77,11 @@ def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json
   if task is None:
     return None
   if task == MULTIPLE_CHOICE:  # one score per choice: id2label describes nothing
-    return Head(task, classifier_dropout=hf_config.get('classifier_dropout'))
+    dropout = hf_config.get('classifier_dropout')
+    if hf_config.get('model_type') == hf_electra.MODEL_TYPE:  # its summary's, not classifier's
+      last = hf_config.get('summary_last_dropout', 0.1)
+      dropout = None if last == hf_config.get('hidden_dropout_prob', 0.1) else last
+    return Head(task, classifier_dropout=dropout)
   id2label = hf_config.get('id2label') or {}
   num_labels = len(id2label) or int(hf_config.get('num_labels', 2))
   try:
@@ -99,15 +107,15 @@ def _linear_to_hf(name: str, group) -> hf.StateDict:
           f'{name}.bias': np.asarray(group['bias'], np.float32)}
 
 
-def _roberta_sequence(cfg: BertConfig, head: Head) -> bool:
-  """RoBERTa's sequence head: `classifier.dense` + `classifier.out_proj`."""
-  return cfg.is_roberta and head.task == SEQUENCE
+def _two_layer_sequence(arch: str, task: str) -> bool:
+  """RoBERTa's and ELECTRA's sequence head: `classifier.dense` + `classifier.out_proj`."""
+  return (arch in hf_roberta.MODEL_TYPES or arch == hf_electra.MODEL_TYPE) and task == SEQUENCE
 
 
 def head_to_hf(params, head: Head, cfg: BertConfig) -> hf.StateDict:
   """Our head group -> HF `classifier.*` / `qa_outputs.*` (Linear weights are [out, in])."""
   name = head_param(cfg, head.task)
-  if _roberta_sequence(cfg, head):
+  if _two_layer_sequence(cfg.arch, head.task):
     return {**_linear_to_hf(f'{name}.dense', params[name]['dense']),
             **_linear_to_hf(f'{name}.out_proj', params[name]['out_proj'])}
   return _linear_to_hf(name, params[name])
@@ -121,8 +129,8 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
   has 5) mean an inconsistent directory: an error, not a silently fresh head.
   """
   name = 'classifier' if arch == 'modern' else heads.HEAD_PARAM[head.task]
-  roberta_sequence = arch in hf_roberta.MODEL_TYPES and head.task == SEQUENCE
-  linear = f'{name}.out_proj' if roberta_sequence else name
+  two_layer = _two_layer_sequence(arch, head.task)
+  linear = f'{name}.out_proj' if two_layer else name
   weight, bias = state.get(f'{linear}.weight'), state.get(f'{linear}.bias')
   if weight is None or bias is None:
     return None
@@ -139,14 +147,14 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
         + fix)
   group = {'kernel': np.asarray(weight, np.float32).T.copy(),
            'bias': np.asarray(bias, np.float32)}
-  if not roberta_sequence:
+  if not two_layer:
     return {name: group}
   dense_w, dense_b = state.get(f'{name}.dense.weight'), state.get(f'{name}.dense.bias')
   if (dense_w is None or dense_b is None or tuple(dense_w.shape) != (hidden_size, hidden_size)
       or tuple(dense_b.shape) != (hidden_size,)):
     raise hf.CheckpointError(f'{source}: {name}.out_proj comes without a {name}.dense of '
                              f'[{hidden_size}, {hidden_size}] and [{hidden_size}]; not a '
-                             'RobertaClassificationHead')
+                             'RobertaClassificationHead / ElectraClassificationHead')
   return {name: {'dense': {'kernel': np.asarray(dense_w, np.float32).T.copy(),
                            'bias': np.asarray(dense_b, np.float32)},
                  'out_proj': group}}
@@ -186,6 +194,10 @@ def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
   state = hf.params_to_hf(_complete_tree(params, cfg), cfg)
   if cfg.arch == 'modern':  # every ModernBERT task model has the encoder and `head`
     keep = {k: v for k, v in state.items() if k.startswith(('model.', 'head.'))}
+  elif cfg.is_electra:  # the encoder, and multiple choice's summary (our pooler)
+    summary = 'pooler' in heads.encoder_groups(cfg, head)
+    keep = {k: v for k, v in state.items() if k.startswith(hf_electra.ENCODER_PREFIX)
+            or (summary and k.startswith('sequence_summary.'))}
   else:  # the encoder, and the pooler where the task model has one
     prefix = hf_roberta.ENCODER_PREFIX if cfg.is_roberta else 'bert.'
     pooler = 'pooler' in heads.encoder_groups(cfg, head)

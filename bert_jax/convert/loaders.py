@@ -3,8 +3,8 @@ loader per kind, each returning BertForPreTraining's params whatever the source'
 
   - workdir: our training workdir (`checkpoints/` + `config.json`), latest or a given step;
   - hf: a HuggingFace directory (`BertForPreTraining`, `BertModel`, a sentence-transformers
-    layout, or a fine-tuned `BertFor<Task>` whose head comes along; ModernBERT's, RoBERTa's
-    and XLM-R's alike);
+    layout, or a fine-tuned `BertFor<Task>` whose head comes along; ModernBERT's, RoBERTa's,
+    XLM-R's and ELECTRA's alike);
   - tf: a Google TF checkpoint (`google_tf`).
 `start_points.load_start_point` picks the loader; URLs are staged first (`staging`).
 """

@@ -5,8 +5,9 @@ and embeds with as our fine-tuning run does (bert_jax.finetune.contrastive.pool)
   config.json, model.safetensors   the bare encoder: HF `BertModel` (arch 'bert': hf.py's map
                                    without the `bert.` prefix; the pooler only when the params
                                    have one), `ModernBertModel` (arch 'modern': hf_modern.py's
-                                   encoder map without `model.`) or `(XLM)RobertaModel` (arch
-                                   'roberta' / 'xlm-roberta': hf_roberta.py's, no `roberta.`);
+                                   encoder map without `model.`), `(XLM)RobertaModel` (arch
+                                   'roberta' / 'xlm-roberta': hf_roberta.py's, no `roberta.`)
+                                   or `ElectraModel` (hf_electra.py's, no `electra.`);
   tokenizer files                  `tokenizer.save_pretrained`, as every export writes them;
   modules.json                     Transformer at '' and Pooling at '1_Pooling';
   1_Pooling/config.json            mean or CLS pooling, in the keys every sentence-transformers
@@ -32,7 +33,7 @@ import tempfile
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_modern, hf_roberta
+from bert_jax.convert import hf, hf_electra, hf_modern, hf_roberta
 from bert_jax.model import encoder as model
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
@@ -70,7 +71,7 @@ def encoder_state(params, cfg: BertConfig) -> hf.StateDict:
     if 'pooler' in params:  # RoBERTa's pre-training tree has none
       complete['pooler'] = params['pooler']
     state = {k: v for k, v in hf.params_to_hf(complete, cfg, prefix='').items()
-             if not k.startswith(('cls.', 'lm_head.'))
+             if not k.startswith(('cls.', 'lm_head.', 'generator_', 'sequence_summary.'))
              and ('pooler' in params or not k.startswith('pooler.'))}
   return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
 
@@ -80,6 +81,8 @@ def hf_config(cfg: BertConfig) -> dict:
     return hf_modern.config_to_hf(cfg, architecture='ModernBertModel')
   if cfg.is_roberta:
     return hf_roberta.config_to_hf(cfg, hf_roberta.architecture(cfg, 'Model'))
+  if cfg.is_electra:
+    return hf_electra.config_to_hf(cfg, hf_electra.architecture('Model'))
   return {**hf.config_to_hf(cfg), 'architectures': ['BertModel']}
 
 

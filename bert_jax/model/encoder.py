@@ -9,10 +9,15 @@ reads the normed embeddings directly), no biases, GeGLU MLP, RoPE with separate 
 global and local layers, global attention every Nth layer and a sliding window elsewhere
 (attention.py), a final norm, the same tied MLM head, and no pooler or sentence head.
 `arch='roberta'` / `'xlm-roberta'` is transformers' `RobertaForMaskedLM`: BERT's block with
-positions offset by 2, one token type, eps 1e-5, and no pooler or sentence head. Each
-switch (`norm_position`, `use_bias`, `mlp`, `positions`, `global_attention_every`) also works
-alone on a BERT, for the ablation (configs/ablation.py). Two departures, both for speed and
-neither changing a number:
+positions offset by 2, one token type, eps 1e-5, and no pooler or sentence head.
+`arch='electra'` is transformers' `ElectraForMaskedLM` (models/electra/modeling_electra.py):
+BERT's block on embeddings `embedding_size` wide, projected to the hidden width when narrower
+(`embeddings_project`), and the generator's MLM head (dense to `embedding_size`, exact GELU,
+LayerNorm, the tied decoder); no pooler or sentence head. A discriminator
+(`ElectraForPreTraining`) has the same encoder; its replaced-token-detection head is not an MLM
+head and is not kept. Each switch (`norm_position`, `use_bias`, `mlp`, `positions`,
+`global_attention_every`) also works alone on a BERT, for the ablation (configs/ablation.py).
+Two departures, both for speed and neither changing a number:
 - the MLM head runs only at `masked_lm_positions` (20 of 128 rows), never over the whole
   sequence, because the full-vocabulary projection is the single largest matmul in BERT;
 - layers run under `nn.scan`, so compile time does not grow with depth.
@@ -75,6 +80,11 @@ ARCHS: dict[str, dict[str, Any]] = {
                     max_position_embeddings=514),
 }
 ARCHS['xlm-roberta'] = ARCHS['roberta']  # the same model; exported as XLMRoberta*
+# ELECTRA (ElectraConfig): BERT's block and positions; what differs is `embedding_size`
+# (electra-small's 128 under 256 hidden; base and large: BERT's sizes, no projection) and the
+# heads: the generator's MLM head, no pooler or sentence head, ElectraClassificationHead for
+# sequences (heads.py).
+ARCHS['electra'] = {}
 ROBERTA_ARCHS = ('roberta', 'xlm-roberta')
 SWITCHES = {'norm_position': ('post', 'pre'), 'mlp': ('mlp', 'glu'),
             'positions': ('learned', 'rope'), 'classifier_pooling': ('cls', 'mean')}
@@ -115,6 +125,9 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
+  # Width of the embedding tables when narrower than hidden_size (ELECTRA-small: 128 of 256),
+  # projected up after the embedding LayerNorm; 0 / None: hidden_size (no projection).
+  embedding_size: int | None = 0
   # Added to every position id before the table lookup: RoBERTa's table starts at
   # padding_idx + 1 = 2 (fairseq), so 512 tokens use rows 2..513 of 514.
   position_offset: int = 0
@@ -133,7 +146,8 @@ class BertConfig:
   attention_impl: str | None = None
   # Architecture switches; ARCHS['modern'] sets all of them to ModernBERT's.
   # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler | roberta,
-  # xlm-roberta: BERT's block, no pooler or NSP head, RoBERTa's sequence head
+  # xlm-roberta: BERT's block, no pooler or NSP head, RoBERTa's sequence head | electra: BERT's
+  # block on `embedding_size`-wide embeddings, ELECTRA's generator MLM head and task heads
   arch: str = 'bert'
   norm_position: str = 'post'  # post (BERT) | pre (norm before each sub-block, final norm)
   use_bias: bool = True  # biases of the linear layers and norms (task heads keep theirs)
@@ -161,6 +175,13 @@ class BertConfig:
     for name, allowed in SWITCHES.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'model.{name}={getattr(self, name)!r}: expected one of {allowed}')
+    if self.embedding_size is not None and self.embedding_size < 0:
+      raise ValueError(f'model.embedding_size={self.embedding_size}: must be >= 0 '
+                       '(0: hidden_size)')
+    if self.embedding_width != self.hidden_size and self.arch != 'electra':
+      raise ValueError(f'model.embedding_size={self.embedding_size} (hidden_size '
+                       f'{self.hidden_size}): a narrower embedding with a projection is '
+                       'ELECTRA\'s; set model.arch=electra or embedding_size=0')
     if self.position_offset < 0:
       raise ValueError(f'model.position_offset={self.position_offset}: must be >= 0')
     if self.global_attention_every < 1:
@@ -181,6 +202,15 @@ class BertConfig:
   @property
   def is_roberta(self) -> bool:
     return self.arch in ROBERTA_ARCHS
+
+  @property
+  def is_electra(self) -> bool:
+    return self.arch == 'electra'
+
+  @property
+  def embedding_width(self) -> int:
+    """Width of the embedding tables, the MLM head's output and the tied decoder."""
+    return self.embedding_size or self.hidden_size
 
   @property
   def max_length(self) -> int:
@@ -227,7 +257,8 @@ class BertOutput:
   mlm_logits: jax.Array  # [B, P, V] float32 at masked_lm_positions (all S if none given)
   nsp_logits: jax.Array | None  # [B, 2], or [B, K, 2] for packed rows; float32
   # What mlm_logits are made of, for a loss that projects in chunks (pretrain/mlm_loss.py):
-  # the MLM head's transformed states [B, P, H] and the tied decoder (table [V, H], bias [V]).
+  # the MLM head's transformed states [B, P, E] and the tied decoder (table [V, E], bias [V]);
+  # E = embedding_width (hidden_size but for a narrower ELECTRA).
   # A jitted loss that reads these and not mlm_logits never builds the [B, P, V] logits.
   mlm_hidden: jax.Array | None = None
   mlm_decoder: tuple[jax.Array, jax.Array] | None = None
@@ -302,26 +333,32 @@ class Embeddings(nn.Module):
   (benchmarks/gpu_profile.py). The two-row token-type table is a one-hot matmul, as in
   google-research/bert's modeling.py ("always faster for a small vocabulary"): its gradient
   is then a reduction, not 32k atomic adds into two rows. RoPE models have no position table,
-  ModernBERT no token types (`type_vocab_size=0`)."""
+  ModernBERT no token types (`type_vocab_size=0`). ELECTRA's tables may be narrower than the
+  layers (`embedding_size`): `embeddings_project` (HF `ElectraModel.embeddings_project`) maps
+  the normed sum to the hidden width."""
 
   cfg: BertConfig
   deterministic: bool = True
 
   def setup(self):
     cfg = self.cfg
+    width = cfg.embedding_width
     self.word_embeddings = nn.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32,
+        cfg.vocab_size, width, dtype=jnp.float32,
         embedding_init=_init(cfg, ('vocab', 'embed')))
     if cfg.positions == 'learned':
       self.position_embeddings = nn.Embed(
-          cfg.max_position_embeddings, cfg.hidden_size, dtype=jnp.float32,
+          cfg.max_position_embeddings, width, dtype=jnp.float32,
           embedding_init=_init(cfg, ('position', 'embed')))
     if cfg.type_vocab_size:
       self.token_type_embeddings = nn.Embed(
-          cfg.type_vocab_size, cfg.hidden_size, dtype=jnp.float32,
+          cfg.type_vocab_size, width, dtype=jnp.float32,
           embedding_init=_init(cfg, ('token_type', 'embed')))
     self.layer_norm = _layer_norm(cfg, 'layer_norm')
     self.dropout = nn.Dropout(cfg.hidden_dropout)
+    if width != cfg.hidden_size:
+      self.embeddings_project = _dense(cfg, cfg.hidden_size, (None, 'embed'),
+                                       'embeddings_project')
 
   def __call__(self, input_ids, segment_ids, position_ids):
     cfg = self.cfg
@@ -337,6 +374,8 @@ class Embeddings(nn.Module):
                          self.token_type_embeddings.embedding,
                          precision=jax.lax.Precision.HIGHEST)  # exact rows, even on TF32/TPU
     x = self.dropout(self.layer_norm(x), deterministic=self.deterministic)
+    if cfg.embedding_width != cfg.hidden_size:
+      x = self.embeddings_project(x)
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
   def attend(self, x):
@@ -521,18 +560,25 @@ def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, pos
 def prediction_head(cfg: BertConfig, x):
   """The MLM head's transform (dense, activation, norm: BERT's `cls.predictions.transform`,
   ModernBERT's `head`), as submodules of the caller. ModernBERT's task heads reuse it on the
-  pooled or per-token states, under the same names, so a pre-trained one carries over."""
-  h = _dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'mlm_transform',
+  pooled or per-token states, under the same names, so a pre-trained one carries over.
+  ELECTRA's is `ElectraGeneratorPredictions`: dense to `embedding_size` (the decoder's width)
+  and always exact GELU, whatever `hidden_act` says."""
+  h = _dense(cfg, cfg.embedding_width, ('embed', 'mlp'), 'mlm_transform',
              _out_std(cfg))(x)
   # Keep the hidden dim whole here: on a (data, fsdp, tensor) mesh with all three > 1, XLA's
   # SPMD partitioner otherwise returns a wrong mlm_transform gradient (seen with jax 0.10.2;
   # tests/test_sharding.py guards it).
   h = nn.with_logical_constraint(h, ('batch',) + ('length',) * (h.ndim - 2) + ('embed',))
-  return _layer_norm(cfg, 'mlm_layer_norm')(ACTIVATIONS[cfg.hidden_act](h))
+  act = ACTIVATIONS['gelu' if cfg.is_electra else cfg.hidden_act]
+  return _layer_norm(cfg, 'mlm_layer_norm')(act(h))
 
 
 def bert_pooler(cfg: BertConfig, cls_tokens):
-  return jnp.tanh(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
+  """BERT's tanh pooler; for ELECTRA the dense + exact GELU of its multiple-choice
+  `ElectraSequenceSummary` (summary_type first, use_proj, activation gelu), HF's
+  `sequence_summary.summary`."""
+  act = ACTIVATIONS['gelu'] if cfg.is_electra else jnp.tanh
+  return act(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
 
 
 class BertForPreTraining(nn.Module):

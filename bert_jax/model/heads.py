@@ -11,6 +11,11 @@ the classifier; multiple choice pools each choice's first unpadded token. `arch=
 BERT's, but the sequence head is `RobertaClassificationHead` (`ClassificationHead`: its own
 dense + tanh between two dropouts on the <s> state, then `out_proj`), since RoBERTa has no
 NSP-trained pooler to reuse; multiple choice keeps HF's pooler, fresh from an MLM checkpoint.
+`arch='electra'` is transformers' `ElectraFor*` (models/electra/modeling_electra.py): token and
+span heads as BERT's, the sequence head `ElectraClassificationHead` (RoBERTa's, with exact GELU
+for tanh), and multiple choice `ElectraSequenceSummary` (dense + GELU on the first token, our
+`pooler` group, HF's `sequence_summary.summary`; fresh from a pre-training checkpoint) then
+dropout and the classifier.
 
 The encoder is model.py's own `Embeddings`, `Encoder` and pooler, under the same parameter
 names as `BertForPreTraining` (`embeddings`, `encoder`, `pooler`), so a pre-trained tree is a
@@ -147,7 +152,7 @@ def encoder_groups(cfg: BertConfig, head: 'Head') -> tuple[str, ...]:
     return ENCODER_GROUPS[:2]
   if cfg.arch == 'modern':
     return MODERN_ENCODER_GROUPS
-  if cfg.is_roberta:  # the sequence head has its own dense (`ClassificationHead`)
+  if _own_sequence_head(cfg):  # the sequence head has its own dense (`ClassificationHead`)
     return ENCODER_GROUPS if head.task == MULTIPLE_CHOICE else ENCODER_GROUPS[:2]
   return ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
 
@@ -208,7 +213,8 @@ class BertEncoder(nn.Module):
 class ClassificationHead(nn.Module):
   """RoBERTa's sequence head (`RobertaClassificationHead`): dropout, dense, tanh, dropout,
   `out_proj`, on the <s> state. At inference it is BERT's pooler + classifier; in training
-  the first dropout differs, so it is its own module under HF's names."""
+  the first dropout differs, so it is its own module under HF's names. ELECTRA's
+  (`ElectraClassificationHead`) is the same with exact GELU for tanh."""
 
   cfg: BertConfig
   head: Head
@@ -218,14 +224,15 @@ class ClassificationHead(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(_dropout(cfg, self.head))
     x = drop(x, deterministic=deterministic)
-    x = jnp.tanh(_head_dense(cfg, cfg.hidden_size, 'embed', 'dense')(x))
+    act = enc.ACTIVATIONS['gelu'] if cfg.is_electra else jnp.tanh
+    x = act(_head_dense(cfg, cfg.hidden_size, 'embed', 'dense')(x))
     x = drop(x, deterministic=deterministic)
     return _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[SEQUENCE], 'out_proj')(x)
 
 
 class BertForSequenceClassification(nn.Module):
   """Dropout + dense on the pooled [CLS]: logits [B, num_labels] float32 ([B, 1] regression);
-  RoBERTa's `ClassificationHead` on the <s> state.
+  RoBERTa's and ELECTRA's `ClassificationHead` on the first token's state.
 
   Packed rows (`next_sentence_positions` [B, K]) give [B, K, num_labels], one per instance.
   """
@@ -241,8 +248,8 @@ class BertForSequenceClassification(nn.Module):
     sequence_output, pooled = encode(
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, next_sentence_positions=next_sentence_positions,
-        add_pooler=not cfg.is_roberta, deterministic=deterministic)
-    if cfg.is_roberta:
+        add_pooler=not _own_sequence_head(cfg), deterministic=deterministic)
+    if _own_sequence_head(cfg):
       first = (sequence_output[:, 0] if next_sentence_positions is None
                else gather_positions(sequence_output, next_sentence_positions))
       logits = ClassificationHead(cfg, self.head, name='classifier')(first, deterministic)
@@ -364,6 +371,11 @@ MODELS = {SEQUENCE: BertForSequenceClassification, TOKEN: BertForTokenClassifica
           EMBEDDING: BertForSentenceEmbedding}
 
 
+def _own_sequence_head(cfg: BertConfig) -> bool:
+  """RoBERTa and ELECTRA classify sequences with `ClassificationHead`, not a pooler."""
+  return cfg.is_roberta or cfg.is_electra
+
+
 def _dropout(cfg: BertConfig, head: Head) -> float:
   return cfg.hidden_dropout if head.classifier_dropout is None else head.classifier_dropout
 
@@ -398,7 +410,7 @@ def head_param(cfg: BertConfig, task: str) -> str:
 def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
   """Fresh parameters of the head alone ({'classifier': ...} or {'qa_outputs': ...})."""
   name = head_param(cfg, head.task)
-  if cfg.is_roberta and head.task == SEQUENCE:
+  if _own_sequence_head(cfg) and head.task == SEQUENCE:
     module = ClassificationHead(cfg, head)
   else:
     module = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
@@ -407,7 +419,8 @@ def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
 
 
 def _fresh_pooler(cfg: BertConfig, rng: jax.Array) -> dict:
-  """A pooler as HF initialises RobertaForMultipleChoice's (an MLM checkpoint has none)."""
+  """A pooler as HF initialises RobertaForMultipleChoice's (an MLM checkpoint has none), or
+  ElectraForMultipleChoice's `sequence_summary.summary`."""
   dense = _head_dense(cfg, cfg.hidden_size, 'embed', 'pooler')
   variables = dense.init(rng, jnp.zeros((1, cfg.hidden_size), cfg.compute_dtype))
   return jax.tree_util.tree_map(np.asarray, nn.unbox(variables['params']))
@@ -420,9 +433,9 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
   a freshly initialised head with a warning saying so."""
   groups = encoder_groups(cfg, head)
   missing = [g for g in groups if g not in encoder_params]
-  if cfg.is_roberta and missing == ['pooler']:
-    logging.warning('%s has no pooler (RoBERTa\'s MLM checkpoints have none): initialised '
-                    'fresh for %s, as HF does', source, head.task)
+  if _own_sequence_head(cfg) and missing == ['pooler']:
+    logging.warning('%s has no pooler (%s pre-training checkpoints have none): initialised '
+                    'fresh for %s, as HF does', source, cfg.arch, head.task)
     encoder_params = {**encoder_params, 'pooler': _fresh_pooler(
         cfg, jax.random.fold_in(rng if rng is not None else jax.random.key(0), 1))}
     missing = []

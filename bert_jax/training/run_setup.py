@@ -29,12 +29,13 @@ ARCH_SWITCHES = ('norm_position', 'use_bias', 'mlp', 'positions', 'global_attent
 
 def model_config(config) -> BertConfig:
   """The encoder of a pre-training config (`config.model`): the size, `arch`'s switches and
-  any switch set alone; `model.num_layers` / `model.intermediate_size` > 0 change the size's
-  depth / MLP width. A config.json of an earlier run passes configs/upgrade.py `upgrade_config`
-  first, which fills the fields it predates (the size's, BERT's)."""
+  any switch set alone; `model.num_layers` / `model.intermediate_size` /
+  `model.embedding_size` > 0 change the size's depth / MLP width / embedding width (ELECTRA).
+  A config.json of an earlier run passes configs/upgrade.py `upgrade_config` first, which
+  fills the fields it predates (the size's, BERT's)."""
   m = config.model
   fields = {f: m[f] for f in ARCH_SWITCHES if m[f] is not None}
-  for name in ('num_layers', 'intermediate_size'):
+  for name in ('num_layers', 'intermediate_size', 'embedding_size'):
     if m[name] > 0:
       fields[name] = m[name]
   return BertConfig.from_preset(

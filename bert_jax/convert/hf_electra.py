@@ -1,0 +1,278 @@
+"""Flax parameters of `arch='electra'` <-> transformers' ELECTRA directories
+(models/electra/modeling_electra.py): `ElectraForMaskedLM` (a generator; what we export),
+`ElectraForPreTraining` (a discriminator), `ElectraModel`, and through hf_heads.py
+`ElectraFor<Task>`.
+
+The encoder is BERT's under `electra.` (bert_state_map.py's layer map, unchanged); what differs
+is kept here:
+  - the embedding tables are `embedding_size` wide, and `electra.embeddings_project` (only when
+    that is narrower than hidden_size) is our `embeddings/embeddings_project`;
+  - the MLM head is the generator's: `generator_predictions.{dense,LayerNorm}` are our
+    `mlm_transform`, `mlm_layer_norm`, `generator_lm_head.bias` our `mlm_output_bias`;
+    `generator_lm_head.weight` is tied to the word embeddings, so it is not written;
+  - a discriminator's `discriminator_predictions.*` (one replaced-or-not logit a token) is not an
+    MLM head: it is dropped and the MLM head starts fresh, both logged;
+  - no pooler or NSP head; multiple choice's `sequence_summary.summary` (dense + GELU on the
+    first token) is our `pooler` group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax.convert import bert_state_map
+from bert_jax.convert.hf_modern import CheckpointError
+from bert_jax.model.encoder import BertConfig, init_params
+
+Array = np.ndarray
+MODEL_TYPE = 'electra'
+ENCODER_PREFIX = 'electra.'
+DISCRIMINATOR_HEAD = 'discriminator_predictions.'
+# Tensors outside `electra.`: the generator's MLM head, multiple choice's summary, the
+# discriminator's head (read only to be dropped).
+_HEAD_PREFIXES = ('generator_predictions.', 'generator_lm_head.', 'sequence_summary.',
+                  DISCRIMINATOR_HEAD)
+MLM_GROUPS = ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias')
+# Buffers and tied copies a checkpoint may hold that are not parameters of their own.
+_NOT_PARAMS = ('embeddings.position_ids', 'embeddings.token_type_ids',
+               'generator_lm_head.weight')
+# ElectraConfig's ElectraSequenceSummary fields, the only ones our multiple choice computes.
+SUMMARY = dict(summary_type='first', summary_use_proj=True, summary_activation='gelu')
+_layer_map, _linear, _get, _set, _layer_tree = (
+    bert_state_map._layer_map, bert_state_map._linear, bert_state_map._get,
+    bert_state_map._set, bert_state_map._layer_tree)
+
+
+def _same(x):
+  return x
+
+
+def _top_map(cfg: BertConfig) -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
+  """HF key (without `electra.`) -> (our path, hf->ours, ours->hf); layers are BERT's."""
+  m = {k: v for k, v in bert_state_map._top_map().items()
+       if k.startswith('embeddings.')}
+  lin = (_linear, _linear)
+  if cfg.embedding_width != cfg.hidden_size:
+    m['embeddings_project.weight'] = (('embeddings', 'embeddings_project', 'kernel'), *lin)
+    m['embeddings_project.bias'] = (('embeddings', 'embeddings_project', 'bias'), _same, _same)
+  m.update({
+      'generator_predictions.dense.weight': (('mlm_transform', 'kernel'), *lin),
+      'generator_predictions.dense.bias': (('mlm_transform', 'bias'), _same, _same),
+      'generator_predictions.LayerNorm.weight': (('mlm_layer_norm', 'scale'), _same, _same),
+      'generator_predictions.LayerNorm.bias': (('mlm_layer_norm', 'bias'), _same, _same),
+      'generator_lm_head.bias': (('mlm_output_bias',), _same, _same),
+      'sequence_summary.summary.weight': (('pooler', 'kernel'), *lin),
+      'sequence_summary.summary.bias': (('pooler', 'bias'), _same, _same),
+  })
+  return m
+
+
+def _is_head(key: str) -> bool:
+  return key.startswith(_HEAD_PREFIXES)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def check_exportable(cfg: BertConfig) -> None:
+  """Only what transformers' ELECTRA has: BERT's block, learned positions from 0, token types."""
+  bert = BertConfig()
+  off = {k: getattr(cfg, k) for k in ('norm_position', 'use_bias', 'mlp', 'positions',
+                                      'global_attention_every', 'position_offset')
+         if getattr(cfg, k) != getattr(bert, k)}
+  if cfg.type_vocab_size < 1:
+    off['type_vocab_size'] = cfg.type_vocab_size
+  if cfg.arch != 'electra' or off:
+    raise CheckpointError(
+        f'model.arch={cfg.arch!r} with {off or "these switches"} has no transformers ELECTRA '
+        'class: export needs arch electra, BERT\'s block (post-norm, biases, learned positions '
+        'from 0, global attention) and type_vocab_size >= 1')
+
+
+def architecture(suffix: str = 'ForMaskedLM') -> str:
+  return 'Electra' + suffix
+
+
+def config_to_hf(cfg: BertConfig, architecture_name: str | None = None) -> dict[str, Any]:
+  check_exportable(cfg)
+  return {
+      'architectures': [architecture_name or architecture()],
+      'model_type': MODEL_TYPE,
+      'vocab_size': cfg.vocab_size,
+      'embedding_size': cfg.embedding_width,
+      'hidden_size': cfg.hidden_size,
+      'num_hidden_layers': cfg.num_layers,
+      'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.intermediate_size,
+      'hidden_act': bert_state_map.ACT_TO_HF[cfg.hidden_act],
+      'hidden_dropout_prob': cfg.hidden_dropout,
+      'attention_probs_dropout_prob': cfg.attention_dropout,
+      'max_position_embeddings': cfg.max_position_embeddings,
+      'type_vocab_size': cfg.type_vocab_size,
+      'initializer_range': cfg.initializer_range,
+      'layer_norm_eps': cfg.layer_norm_eps,
+      'pad_token_id': 0,
+      'position_embedding_type': 'absolute',
+      **SUMMARY,
+      # multiple choice's dropout after the summary: ours is the classifier's (hidden_dropout
+      # unless the head sets one; hf_heads.config_to_hf writes that)
+      'summary_last_dropout': cfg.hidden_dropout,
+      'tie_word_embeddings': True,
+      'torch_dtype': 'float32',
+  }
+
+
+def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
+  """Our config of an ELECTRA config.json; absent fields take ElectraConfig's defaults (as
+  transformers would build the model: embedding_size 128, not hidden_size)."""
+  if hf_config.get('model_type') != MODEL_TYPE:
+    raise CheckpointError(f'{source}: model_type {hf_config.get("model_type")!r} is not '
+                          f'{MODEL_TYPE!r}')
+  act = hf_config.get('hidden_act', 'gelu')
+  if act not in bert_state_map.ACT_FROM_HF:
+    raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
+                          f'{sorted(bert_state_map.ACT_FROM_HF)}')
+  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
+    raise CheckpointError(f'{source}: position_embedding_type '
+                          f'{hf_config["position_embedding_type"]!r}; only "absolute"')
+  if hf_config.get('is_decoder') or hf_config.get('add_cross_attention'):
+    raise CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal ELECTRA is '
+                          'not an encoder; only bidirectional checkpoints are supported')
+  if 'ElectraForMultipleChoice' in (hf_config.get('architectures') or []):
+    off = {k: hf_config.get(k, v) for k, v in SUMMARY.items() if hf_config.get(k, v) != v}
+    if hf_config.get('summary_proj_to_labels'):
+      off['summary_proj_to_labels'] = True
+    if off:
+      raise CheckpointError(f'{source}: ElectraForMultipleChoice with {off}; only '
+                            f'ElectraConfig\'s sequence summary ({SUMMARY}) is supported')
+  try:
+    hidden = hf_config['hidden_size']
+    embedding = hf_config.get('embedding_size', 128)
+    return BertConfig(
+        arch=MODEL_TYPE, vocab_size=hf_config['vocab_size'], hidden_size=hidden,
+        embedding_size=0 if embedding == hidden else embedding,
+        num_layers=hf_config['num_hidden_layers'],
+        num_heads=hf_config['num_attention_heads'],
+        intermediate_size=hf_config['intermediate_size'],
+        hidden_act=bert_state_map.ACT_FROM_HF[act],
+        hidden_dropout=hf_config.get('hidden_dropout_prob', 0.1),
+        attention_dropout=hf_config.get('attention_probs_dropout_prob', 0.1),
+        max_position_embeddings=hf_config.get('max_position_embeddings', 512),
+        type_vocab_size=hf_config.get('type_vocab_size', 2),
+        initializer_range=hf_config.get('initializer_range', 0.02),
+        layer_norm_eps=hf_config.get('layer_norm_eps', 1e-12))
+  except KeyError as e:
+    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def _to_hf_tree(params, cfg: BertConfig, prefix: str) -> dict:
+  """Our tree -> HF-keyed, HF-shaped tensors; groups the tree lacks (a head model's MLM head,
+  the pooler of all but multiple choice) are not written."""
+  out = {}
+  for key, (path, _, to_hf) in _top_map(cfg).items():
+    if path[0] in params:
+      out[key if _is_head(key) else prefix + key] = to_hf(_get(params, path))
+  layer_map = _layer_map(cfg)
+  for i in range(cfg.num_layers):
+    layer = _layer_tree(params, cfg, i)
+    for key, (path, _, to_hf) in layer_map.items():
+      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
+  return out
+
+
+def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
+  """Our tree -> `ElectraForMaskedLM` state dict (float32 numpy, no tied decoder weight)."""
+  check_exportable(cfg)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), dict(params))
+  return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
+
+
+def _canonical(key: str) -> str:
+  """No `electra.` prefix (a bare `ElectraModel` has none)."""
+  return key[len(ENCODER_PREFIX):] if key.startswith(ENCODER_PREFIX) else key
+
+
+def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+  """HF tensor shapes implied by `cfg` (multiple choice's summary included), abstractly."""
+  def tree():
+    params = dict(init_params(cfg, jax.random.key(0)))
+    params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
+                        'bias': np.zeros((cfg.hidden_size,), np.float32)}
+    return _to_hf_tree(params, cfg, '')
+  return {k: tuple(v.shape) for k, v in jax.eval_shape(tree).items()}
+
+
+def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
+                   source: str = 'checkpoint') -> dict:
+  """HF ELECTRA state dict -> our tree (multiple choice's summary as `pooler`, when there).
+
+  Encoder weights must all be there. A checkpoint without the generator's MLM head (a
+  discriminator, `ElectraModel`, a task model) gets a fresh one from `rng`, with a warning
+  that says why; a discriminator's replaced-token-detection head is dropped.
+  """
+  state = {_canonical(k): np.asarray(v) for k, v in state.items()}
+  expected = _expected_shapes(cfg)
+  for key, shape in expected.items():
+    if key in state and tuple(state[key].shape) != shape:
+      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
+                            f'but config.json implies {shape}')
+  layer_map = _layer_map(cfg)
+  top = _top_map(cfg)
+  encoder_keys = ([k for k in top if not _is_head(k)] +
+                  [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map])
+  missing = [k for k in encoder_keys if k not in state]
+  if missing:
+    raise CheckpointError(
+        f'{source}: {len(missing)} encoder tensors are missing, e.g. {missing[:3]}; it is not '
+        'a complete ELECTRA of this config.json')
+
+  params: dict = {}
+  for key, (path, from_hf, _) in top.items():
+    if key in state:
+      _set(params, path, from_hf(state[key].astype(np.float32)))
+  discriminator = sorted(k for k in state if k.startswith(DISCRIMINATOR_HEAD))
+  if any(g not in params for g in MLM_GROUPS):
+    fresh = init_params(cfg, rng if rng is not None else jax.random.key(0))
+    for group in MLM_GROUPS:
+      params[group] = jax.tree_util.tree_map(np.asarray, fresh[group])
+    if discriminator:
+      logging.warning('%s is an ELECTRA discriminator (ElectraForPreTraining): its replaced-'
+                      'token-detection head (%s) is not an MLM head and is dropped; the MLM '
+                      'head (ElectraForMaskedLM\'s generator_predictions, generator_lm_head) '
+                      'is initialised fresh; pre-train before using it.', source,
+                      ', '.join(discriminator))
+    else:
+      logging.warning('%s has no generator_predictions / generator_lm_head (an encoder-only '
+                      'checkpoint): the MLM head is initialised fresh; pre-train before using '
+                      'it.', source)
+  elif discriminator:
+    logging.warning('%s: dropped the discriminator head %s', source, ', '.join(discriminator))
+  if 'pooler' in params and len(params['pooler']) != 2:
+    raise CheckpointError(f'{source}: sequence_summary.summary.weight and .bias must come '
+                          'together')
+
+  layers = []
+  for i in range(cfg.num_layers):
+    layer: dict = {}
+    for key, (path, from_hf, _) in layer_map.items():
+      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
+    layers.append(layer)
+  if cfg.scan_layers:
+    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  else:
+    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
+
+  unused = sorted(k for k in state if k not in expected and k not in _NOT_PARAMS
+                  and not k.startswith(DISCRIMINATOR_HEAD))
+  if unused:
+    logging.warning('%s: ignored %d tensors that are not part of ElectraForMaskedLM: %s',
+                    source, len(unused), unused[:8])
+  return params
