@@ -1,11 +1,13 @@
-r"""Training workdir -> HuggingFace `BertForPreTraining` (or, for `model.arch=modern`,
-`ModernBertForMaskedLM`) directory (with its tokenizer).
+r"""Training workdir -> HuggingFace `BertForPreTraining` (or the arch's own MaskedLM class:
+`ModernBertForMaskedLM`, `RobertaForMaskedLM`, `ElectraForMaskedLM`...) directory (with its
+tokenizer).
 
   python -m bert_jax.export --workdir=/tmp/tiny --output=/tmp/tiny_hf [--step=N]
 
 Reads the run's config from `workdir/config.json` (written when training starts), the params
 of the latest (or given) checkpoint whatever mesh or optimizer wrote them, and the tokenizer
-named by `data.vocab_file` / `data.spm_model`, so `pipeline("fill-mask", model=DIR)` works.
+named by `data.vocab_file`, `data.spm_model` or `data.tokenizer`, so
+`pipeline("fill-mask", model=DIR)` works.
 The work is `bert_jax.convert.workdir.export_workdir`; this module is its command line.
 """
 

@@ -23,7 +23,9 @@ def base_config() -> ml_collections.ConfigDict:
   # bert | modern: ModernBERT's block (pre-norm, no biases, GeGLU, RoPE, local/global
   # attention, final norm; no pooler or sentence head: data.sentence_objective=none) |
   # roberta, xlm-roberta: BERT's block with RoBERTa's positions, one token type and eps 1e-5;
-  # no pooler or sentence head either (continued pre-training of a released RoBERTa / XLM-R).
+  # no pooler or sentence head either (continued pre-training of a released RoBERTa / XLM-R) |
+  # electra: BERT's block on embedding_size-wide embeddings, ELECTRA's generator MLM head; no
+  # pooler or sentence head (continued pre-training of an ELECTRA discriminator or generator).
   c.model.arch = 'bert'
   # Each architecture switch alone (None = the arch's value; bert_jax/model/encoder.py):
   c.model.norm_position = placeholder(str)  # post | pre
@@ -35,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.global_rope_theta = placeholder(float)  # phase 2 of long context raises it
   c.model.local_rope_theta = placeholder(float)
   c.model.intermediate_size = 0  # 0: the size's (a GLU on a BERT size: same parameters)
+  c.model.embedding_size = 0  # 0: the size's (hidden_size); narrower: arch electra only
   # MLM loss in chunks of this many masked positions a row under jax.checkpoint, so the
   # [rows, predictions, vocab] float32 logits are never whole (bert_jax/pretrain/mlm_loss.py):
   # the same loss and gradients, one more decoder matmul in the backward. 0 = off.
@@ -52,11 +55,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Share of tokens dynamic masking predicts (80/10/10 as always); 0.3 is ModernBERT's. Records
   # carry the rate create_pretraining_data --masked_lm_prob wrote them with.
   c.data.masked_lm_prob = 0.15
-  c.data.whole_word_masking = False  # with dynamic_masking (needs vocab_file or spm_model)
+  c.data.whole_word_masking = False  # with dynamic_masking (needs the data's tokenizer)
   c.data.pack = False  # pack unpacked records on the fly into rows of K instances
   c.data.pack_window = 1024  # records the on-the-fly packer sees at once
   c.data.vocab_file = ''  # WordPiece vocab.txt used for the data (exported with the model)
   c.data.spm_model = ''  # or a SentencePiece .model
+  # or a tokenizer.json / vocab.json + merges.txt, or a model directory holding one (RoBERTa,
+  # ModernBERT, XLM-R...: create_pretraining_data --tokenizer); special ids and casing its own
+  c.data.tokenizer = ''
   c.data.do_lower_case = True
   c.data.threads = 0  # tf.data threads per process; 0 = all cores (1 leaves XLA room on CPUs)
   # What the records hold, as create_pretraining_data --next_sentence wrote them: nsp (BERT),

@@ -16,10 +16,15 @@ first found wins:
      `vocab.json` + `merges.txt`, RoBERTa's `<s>` `</s>` `<pad>` `<mask>` `<unk>`.
 Casing is the normaliser's (probed as `spm_is_uncased` probes a SentencePiece model).
 
-Pairs: RoBERTa's own post-processor writes `<s> a </s></s> b </s>`, ours (task_arrays,
-masking) `cls a sep b sep` for every tokenizer. `save_pretrained` writes our template into
-the exported tokenizer.json so the export tokenizes pairs as the model was trained on them;
-single texts are unchanged.
+Pairs: fine-tuning packs `cls a <pair_separator> b sep` with the separator the tokenizer's
+own pair template puts between the texts: RoBERTa's and XLM-R's `</s></s>`, BERT's and
+ModernBERT's one `[SEP]`, so features equal `AutoTokenizer(a, b)`'s. `save_pretrained`
+writes that template back (as a TemplateProcessing), so the export tokenizes pairs as the
+model was fine-tuned on them. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
+(only BERT-style models have a sentence objective).
+
+`encode_with_offsets` gives each token's character span in the text, which SQuAD features
+use with byte-level BPE (`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
 """
 
 from __future__ import annotations
@@ -66,10 +71,17 @@ class HFTokenizer(Tokenizer):
     # The type id the tokenizer's own pair template gives the second text: 1 for BERT's,
     # 0 for RoBERTa's and ModernBERT's (a RoBERTa has one token type: 1 would not embed).
     self.pair_type_id = max(tok.encode('a', 'b').type_ids, default=0)
+    self._pair_separator = _pair_separator(tok)
     self._fingerprint = hashlib.sha256(json.dumps(
         {k: spec.get(k) for k in _ID_PARTS}, sort_keys=True).encode('utf-8')).hexdigest()
     self._specials = {t['content'] for t in spec['added_tokens'] if t['special']}
     self._continuation, self._word_prefix = _word_convention(spec)
+    # A pipeline that marks a word by the space before it ('Ġ', or '▁' from a normaliser)
+    # and adds none at a text's start: a sentence's first word reads as in running text
+    # (and starts a word for whole-word masking) only with that space before it.
+    first = tok.encode('a b', add_special_tokens=False).tokens[:1]
+    if self._word_prefix and first and not first[0].startswith(self._word_prefix):
+      self.running_text_prefix = ' '
     ids = tok.get_vocab(with_added_tokens=True)
     vocab = [''] * (max(ids.values()) + 1)  # '': an id no token has (gaps are rare)
     for token, i in ids.items():
@@ -81,6 +93,18 @@ class HFTokenizer(Tokenizer):
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids, each token's [start, end) characters in `text`) as `AutoTokenizer`'s
+    offset_mapping gives them: the post-processor runs (RoBERTa's trims the 'Ġ' space off
+    a span) and only the text's own tokens are kept."""
+    enc = self._tok.encode(text, add_special_tokens=True)
+    keep = [i for i, s in enumerate(enc.sequence_ids) if s == 0]
+    return [enc.ids[i] for i in keep], [tuple(enc.offsets[i]) for i in keep]
+
+  @property
+  def pair_separator(self) -> tuple[int, ...]:
+    return self._pair_separator or (self.sep_id,)
 
   def detokenize(self, pieces: Sequence[str]) -> str:
     """Tokens back to text with the pipeline's own decoder ('Ġ' and byte-level bytes, '▁',
@@ -122,10 +146,12 @@ class HFTokenizer(Tokenizer):
     tok = _from_str(self._tok.to_str())
     roles = self.special_tokens
     cls, sep = roles['cls'], roles['sep']
+    between = [self.id_to_token(i) for i in self.pair_separator]
     tok.post_processor = processors.TemplateProcessing(
         single=[cls, '$A', sep],
-        pair=[cls, '$A', sep, f'$B:{self.pair_type_id}', f'{sep}:{self.pair_type_id}'],
-        special_tokens=sorted({(cls, self.cls_id), (sep, self.sep_id)}))
+        pair=[cls, '$A', *between, f'$B:{self.pair_type_id}', f'{sep}:{self.pair_type_id}'],
+        special_tokens=sorted({(cls, self.cls_id), (sep, self.sep_id),
+                               *((t, self.token_to_id(t)) for t in between)}))
     specials = {f'{role}_token': roles[role] for role in ROLES if role in roles}
     config = self.tokenizer_config
     specials.update({k: _content(config[k]) for k in ('bos_token', 'eos_token')
@@ -144,6 +170,18 @@ class HFTokenizer(Tokenizer):
     fs.write_text(fs.join(path, 'tokenizer.json'), tok.to_str())
     fs.write_text(fs.join(path, 'tokenizer_config.json'), json.dumps(saved, indent=2))
     fs.write_text(fs.join(path, 'special_tokens_map.json'), json.dumps(specials, indent=2))
+
+
+def _pair_separator(tok) -> tuple[int, ...]:
+  """The special ids the pipeline's own pair template puts between its two texts (`</s></s>`
+  for RoBERTa's); () when it puts none (no post-processor): then BERT's one separator."""
+  enc = tok.encode('a', 'b', add_special_tokens=True)
+  seqs = enc.sequence_ids
+  if 0 not in seqs or 1 not in seqs:
+    return ()
+  last_a = max(i for i, s in enumerate(seqs) if s == 0)
+  first_b = seqs.index(1)
+  return tuple(enc.ids[last_a + 1:first_b])
 
 
 def _from_str(text: str):

@@ -69,6 +69,17 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return len(self.vocab)
 
+  # Put before a document's later sentences when they are encoded one by one, so that their
+  # first word is tokenized as in running text: '' for WordPiece and SentencePiece (words
+  # are marked alike anywhere), ' ' for byte-level BPE (`hf_tokenizer`).
+  running_text_prefix = ''
+
+  @property
+  def pair_separator(self) -> tuple[int, ...]:
+    """The ids between the two texts of a pair, `cls a <these> b sep`: BERT's one [SEP];
+    RoBERTa's tokenizers write two (`</s></s>`, `hf_tokenizer.HFTokenizer`)."""
+    return (self.sep_id,)
+
   def token_to_id(self, token: str) -> int:
     if self.unk_id is None:
       return self._ids[token]

@@ -26,6 +26,28 @@ def load_tokenizer(vocab_file: str | None = None, spm_model: str | None = None,
   return SentencePieceTokenizer(spm_model)
 
 
+DATA_FIELDS = ('vocab_file', 'spm_model', 'tokenizer')
+
+
+def data_tokenizer(data) -> Tokenizer | None:
+  """The tokenizer a run's `data` block names (data.vocab_file, data.spm_model or
+  data.tokenizer, the one create_pretraining_data was given), or None when it names none."""
+  named = [f for f in DATA_FIELDS if data.get(f)]
+  if len(named) > 1:
+    raise ValueError(f'data.{" and data.".join(named)} are all set: name the data\'s tokenizer '
+                     'once (vocab_file for WordPiece, spm_model for SentencePiece, tokenizer '
+                     'for a tokenizer.json or a model directory)')
+  if not named:
+    return None
+  return load_tokenizer(data.get('vocab_file') or None, data.get('spm_model') or None,
+                        bool(data.get('do_lower_case', True)), data.get('tokenizer') or None)
+
+
+def data_tokenizer_field(data) -> str:
+  """`data.<field>=<value>` of the run's tokenizer, for messages ('' when none is named)."""
+  return next((f'data.{f}={data.get(f)}' for f in DATA_FIELDS if data.get(f)), '')
+
+
 def open_tokenizer(path: str, do_lower_case: bool = True) -> Tokenizer:
   """A tokenizer file, or the one a directory holds (`find_tokenizer_file`), by its kind:
   vocab.txt (WordPiece, cased as `do_lower_case` says), a SentencePiece .model, or a

@@ -8,6 +8,7 @@ holding only a byte-level tokenizer.json starts fine-tuning and data creation.""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -38,7 +39,7 @@ ROBERTA = {'cls_token': '<s>', 'sep_token': '</s>', 'bos_token': '<s>', 'eos_tok
            'pad_token': '<pad>', 'mask_token': '<mask>', 'unk_token': '<unk>'}
 MODERN = {'cls_token': '[CLS]', 'sep_token': '[SEP]', 'pad_token': '[PAD]',
           'mask_token': '[MASK]', 'unk_token': '[UNK]'}
-# Layouts whose own pair template is ours, `cls a sep b sep`.
+# Layouts whose own pair template has one separator, `cls a sep b sep` (RoBERTa's two).
 BERT_PAIRS = ('modernbert', 'wordpiece', 'gemma')
 
 
@@ -160,7 +161,7 @@ def assert_same_as_transformers(ours, directory, pairs):
   assert [[ours.cls_id] + e + [ours.sep_id] for e in encoded] == theirs(TEXTS)['input_ids']
   if pairs:
     a, b = TEXTS[:10], TEXTS[10:20]
-    assert [[ours.cls_id] + x + [ours.sep_id] + y + [ours.sep_id] for x, y in zip(
+    assert [[ours.cls_id] + x + list(ours.pair_separator) + y + [ours.sep_id] for x, y in zip(
         ours.encode_batch(a), ours.encode_batch(b))] == theirs(a, b)['input_ids']
   return theirs
 
@@ -168,13 +169,12 @@ def assert_same_as_transformers(ours, directory, pairs):
 @pytest.mark.parametrize('name', ['roberta', 'roberta_release', 'roberta_files', 'modernbert',
                                   'wordpiece', 'unigram', 'gemma'])
 def test_ids_and_special_ids_equal_transformers(layouts, name):
-  """Single texts (with and without the special tokens) for every layout; pairs where the
-  layout's own template is BERT's. RoBERTa's own pairs are `<s> a </s></s> b </s>`, ours
-  `<s> a </s> b </s>` (our featurizers pack every tokenizer alike): not compared here; the
-  export writes ours (test_export_loads_in_transformers_with_the_same_ids)."""
+  """Single texts (with and without the special tokens) and pairs for every layout: pairs
+  are packed with the layout's own separator (RoBERTa's and XLM-R's `</s></s>`)."""
   ours = open_tokenizer(layouts[name])
   assert isinstance(ours, HFTokenizer)
-  assert_same_as_transformers(ours, layouts[name], pairs=name in BERT_PAIRS)
+  assert_same_as_transformers(ours, layouts[name], pairs=True)
+  assert len(ours.pair_separator) == (1 if name in BERT_PAIRS else 2)
   roles = {'cls': ours.cls_id, 'sep': ours.sep_id, 'pad': ours.pad_id, 'mask': ours.mask_id}
   names = {r: ours.id_to_token(i) for r, i in roles.items()}
   if name.startswith(('roberta', 'unigram')):
@@ -224,7 +224,8 @@ def test_casing_is_the_normalisers_and_a_contradiction_is_an_error(layouts):
                                   'gemma', 'wordpiece'])
 def test_export_loads_in_transformers_with_the_same_ids(layouts, name, tmp_path):
   """save_pretrained -> AutoTokenizer: the same ids, special ids, vocabulary and pairs as our
-  featurizers pack them (RoBERTa's too); read back by us: the same fingerprint."""
+  featurizers pack them (RoBERTa's `</s></s>` kept); read back by us: the same fingerprint
+  and pair separator."""
   ours = open_tokenizer(layouts[name])
   ours.save_pretrained(str(tmp_path))
   assert sorted(os.listdir(tmp_path)) == ['special_tokens_map.json', 'tokenizer.json',
@@ -234,6 +235,7 @@ def test_export_loads_in_transformers_with_the_same_ids(layouts, name, tmp_path)
   back = open_tokenizer(str(tmp_path))
   assert back.fingerprint == ours.fingerprint and back.vocab == ours.vocab
   assert back.encode_batch(TEXTS) == ours.encode_batch(TEXTS)
+  assert back.pair_separator == ours.pair_separator
   assert (back.cls_id, back.sep_id, back.pad_id, back.mask_id) == (
       ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id)
   # Token types only where the source's own pairs have two (BERT's): a RoBERTa embeds one.
@@ -350,7 +352,9 @@ def test_a_modernbert_directory_with_a_tokenizer_json_fine_tunes_and_exports(tmp
 
 def test_create_pretraining_data_takes_a_tokenizer_directory(layouts, tmp_path):
   """--tokenizer=DIR: records whose special ids are the tokenizer's own (`<s>`, `</s>`,
-  `<mask>`), never BERT's fixed 101/102/103 or 2/3/4."""
+  `<mask>`), never BERT's fixed 101/102/103 or 2/3/4; whole-word masking takes whole words
+  by byte-level BPE's 'Ġ' (a document's later sentences encoded after a space, as in running
+  text, and a word never joined across `<s>`/`</s>`)."""
   corpus = tmp_path / 'corpus.txt'
   corpus.write_text('\n\n'.join('\n'.join(DOCS[i:i + 8]) for i in range(0, 160, 8)) + '\n')
   tok = open_tokenizer(layouts['roberta_files'])
@@ -373,8 +377,175 @@ def test_create_pretraining_data_takes_a_tokenizer_directory(layouts, tmp_path):
   weights = features['masked_lm_weights'] > 0
   assert not np.isin(labels[weights], [tok.cls_id, tok.sep_id, tok.pad_id]).any()
   assert (np.take_along_axis(ids, positions, 1)[weights] != labels[weights]).any()
+  # Whole words: every word (a 'Ġ' token, or the first after a special, and what follows
+  # up to the next such) is masked entirely or not at all.
+  original = ids.copy()
+  rows = np.nonzero(weights)[0]
+  original[rows, positions[weights]] = labels[weights]
+  masked = np.zeros(ids.shape, bool)
+  masked[rows, positions[weights]] = True
+  candidate = mask & ~np.isin(original, [tok.cls_id, tok.sep_id])
+  after_special = np.ones_like(candidate)
+  after_special[:, 1:] = ~candidate[:, :-1]
+  starts = candidate & (tok.word_start_table[original] | after_special)
+  word = np.cumsum(starts, axis=1)
+  split_words = sum(len(set(masked[r][candidate[r] & (word[r] == w)].tolist())) > 1
+                    for r in range(len(ids)) for w in np.unique(word[r][masked[r]]))
+  assert split_words == 0
+  assert (masked & ~starts).any()  # some masked word has more than one token
+  assert tok.running_text_prefix == ' '
+  assert [tok.id_to_token(tok.encode(p + 'the')[0]) for p in ('', ' ')] == ['the', 'Ġthe']
+  assert open_tokenizer(layouts['unigram']).running_text_prefix == ''
 
 
 def _documents(path):
   from input_pipeline.pretrain import corpus  # pylint: disable=g-import-not-at-top
   return corpus.documents_from_flags(str(path), None)
+
+
+def _run_qa_answers(theirs, examples, start_logits, end_logits, n_best=20, max_len=30):
+  """HF's run_qa.py on one window per example, restated: prepare_validation_features keeps
+  the context's offsets (None elsewhere); utils_qa.postprocess_qa_predictions takes the
+  best-scoring valid span of the n_best starts x ends and reads context[start:end]."""
+  out = {}
+  for k, e in enumerate(examples):
+    enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True)
+    offsets = [o if s == 1 else None for o, s in zip(enc['offset_mapping'], enc.sequence_ids())]
+    s_log, e_log = start_logits[k][:len(offsets)], end_logits[k][:len(offsets)]
+    best = None
+    for i in np.argsort(s_log)[-1:-n_best - 1:-1]:
+      for j in np.argsort(e_log)[-1:-n_best - 1:-1]:
+        if offsets[i] is None or offsets[j] is None or j < i or j - i + 1 > max_len:
+          continue
+        if best is None or s_log[i] + e_log[j] > best[0]:
+          best = (s_log[i] + e_log[j], offsets[i][0], offsets[j][1])
+    out[e.qas_id] = e.context_text[best[1]:best[2]]
+  return out
+
+
+def _run_qa_positions(theirs, e):
+  """prepare_train_features' start and end token of the first answer (0, 0 when outside)."""
+  enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True)
+  offsets, seq = enc['offset_mapping'], enc.sequence_ids()
+  start_char = e.answers[0].start
+  end_char = start_char + len(e.answers[0].text)
+  first = seq.index(1)
+  last = len(seq) - 1 - seq[::-1].index(1)
+  if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
+    return 0, 0
+  while first < len(offsets) and offsets[first][0] <= start_char:
+    first += 1
+  while offsets[last][1] >= end_char:
+    last -= 1
+  return first - 1, last + 1
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_files', 'modernbert', 'unigram'])
+def test_squad_with_a_tokenizer_json_equals_hf_run_qa(layouts, name):
+  """SQuAD features and answers with byte-level BPE (and Unigram): the window's ids equal
+  AutoTokenizer(question, context)'s (RoBERTa's `</s></s>` between them), the training
+  positions equal run_qa.py's, and the answer texts from the same logits equal its
+  post-processing's (one window per example)."""
+  from bert_jax.finetune import squad_answers  # pylint: disable=g-import-not-at-top
+  from input_pipeline.finetune import squad  # pylint: disable=g-import-not-at-top
+  ours = open_tokenizer(layouts[name])
+  theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
+  rng = random.Random(0)
+  examples = []
+  for k in range(24):
+    context = '  '.join(DOCS[3 * k:3 * k + 3]) + ' It ran (1895-1943).'
+    words = [m.span() for m in re.finditer(r'\S+', context)]
+    n = rng.randrange(len(words) - 3)
+    start, end = words[n][0], words[n + rng.randint(0, 2)][1]
+    if k % 4 == 0:
+      start = context.find('1895')  # inside the word "(1895-1943)."
+      end = start + 4
+    examples.append(squad.make_example(
+        f'q{k}', '  What about ' + context[slice(*words[rng.randrange(len(words))])] + '?',
+        context, [squad.Answer(context[start:end], start)], False, f'q{k}'))
+  features = squad.squad_features(examples, ours, max_seq_length=256, doc_stride=128,
+                                  is_training=True)
+  assert [f.example_index for f in features] == list(range(len(examples)))
+  for f, e in zip(features, examples):
+    want = theirs(e.question_text.lstrip(), e.context_text)['input_ids']
+    assert f.input_ids[:f.num_tokens].tolist() == want
+    assert (f.start_position, f.end_position) == _run_qa_positions(theirs, e)
+  between = [ours.id_to_token(i) for i in ours.pair_separator]
+  assert between == (['</s>', '</s>'] if name.startswith(('roberta', 'unigram')) else ['[SEP]'])
+  logits = np.random.default_rng(0).normal(size=(2, len(features), 256)).astype(np.float32)
+  got = squad_answers.squad_predictions(examples, features, logits[0], logits[1], ours)
+  assert got.predictions == _run_qa_answers(theirs, examples, logits[0], logits[1])
+  # The answer's own tokens, read back by characters: the gold text (up to the span's space).
+  gold = {e.qas_id: e.context_text[f.token_to_chars[f.start_position][0]:
+                                   f.token_to_chars[f.end_position][1]].strip()
+          for e, f in zip(examples, features)}
+  assert gold == {e.qas_id: e.answers[0].text for e in examples}
+
+
+def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, tmp_path):
+  """A ModernBERT directory holding only a byte-level BPE tokenizer.json: data made with
+  its tokenizer (create_pretraining_data --tokenizer=DIR), `python -m bert_jax.main` with train.init_from=DIR and data.tokenizer=DIR
+  (dynamic whole-word masking with the tokenizer's own <mask>), exported back to
+  ModernBertForMaskedLM + AutoTokenizer with our ids. Guards: model.vocab_size smaller than
+  the tokenizer, and a data tokenizer that is not the start point's, are refused by name."""
+  from bert_jax.convert.workdir import export_workdir  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import run as train  # pylint: disable=g-import-not-at-top
+  from configs import modern  # pylint: disable=g-import-not-at-top
+  start_dir = modernbert_start(tmp_path / 'modern')
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text('\n\n'.join('\n'.join(DOCS[i:i + 6]) for i in range(0, 240, 6)) + '\n')
+  records = str(tmp_path / 'records')
+  cpd.run(cpd.Job(output_file=records, tokenizer=start_dir, input_file=str(corpus),
+                  dupe_factor=1, sentence_objective='none',
+                  masking=MaskingConfig(max_seq_length=64, max_predictions_per_seq=20,
+                                        masked_lm_prob=0.3)))
+  flags = {'train.init_from': start_dir, 'data.tokenizer': start_dir,
+           'data.train_files': records, 'data.eval_files': records, 'data.max_seq_length': 64,
+           'data.max_predictions_per_seq': 20, 'data.dynamic_masking': True,
+           'data.whole_word_masking': True, 'data.shuffle_buffer': 100,
+           'model.vocab_size': 768, 'model.num_layers': 2, 'model.local_window': 16,
+           'train.num_steps': 2, 'train.eval_every': 2, 'train.eval_steps': 1,
+           'train.global_batch_size': 8, 'train.log_every': 1}
+  workdir = tmp_path / 'continued'
+  out = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.main', '--config=configs/modern.py:tiny',
+       f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in flags.items()],
+      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
+      text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  logged = [json.loads(line) for line in open(workdir / 'metrics.jsonl')]
+  assert np.isfinite(next(r['eval/mlm_loss'] for r in logged if 'eval/mlm_loss' in r))
+  export = export_workdir(str(workdir), str(tmp_path / 'export'))
+  ours = open_tokenizer(start_dir)
+  theirs = transformers.AutoTokenizer.from_pretrained(export)
+  assert theirs(TEXTS[:8])['input_ids'] == [
+      [ours.cls_id] + e + [ours.sep_id] for e in ours.encode_batch(TEXTS[:8])]
+  assert theirs.mask_token_id == ours.mask_id
+  model, info = transformers.AutoModelForMaskedLM.from_pretrained(
+      export, output_loading_info=True)
+  assert type(model).__name__ == 'ModernBertForMaskedLM'
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+
+  config = modern.get_config('tiny')
+  for key, value in flags.items():
+    section, field = key.split('.')
+    config[section][field] = value
+  config.model.vocab_size = 512  # fewer rows than the tokenizer's ids
+  with pytest.raises(ValueError, match=r'data.tokenizer=.* has 605 tokens .* model.vocab_size '
+                                       r'is 512'):
+    train._check_tokenizer(config)
+  config.model.vocab_size = 768
+  config.data.tokenizer = layouts['roberta']  # another byte-level BPE
+  with pytest.raises(ValueError, match=r'is not the run\'s data.tokenizer='):
+    start_points.pretraining_params(start_dir, BertConfig.from_preset(
+        'tiny', arch='modern', vocab_size=768, num_layers=2, local_window=16), data=config.data)
+
+
+def test_a_start_point_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_path):
+  """A directory whose tokenizer has ids past its model's vocab_size (another model's
+  tokenizer copied beside it) is refused by name; a padded vocabulary (ModernBERT's 50,368
+  rows for 50,280 ids) loads."""
+  with pytest.raises(ValueError, match=r'modern: its tokenizer tokenizer.json has 605 tokens '
+                                       r'\(ids up to 604\), but its model\'s vocab_size is 512'):
+    start_points.load_start_point(modernbert_start(tmp_path / 'modern', vocab_size=512))
+  assert start_points.load_start_point(modernbert_start(tmp_path / 'padded')).cfg.vocab_size == 768

@@ -545,7 +545,7 @@ def test_sentencepiece_fingerprint_is_the_vocabulary_not_the_file(tmp_path):
 
 
 @pytest.mark.parametrize('name', ['cased', 'folded'])
-def test_sentencepiece_start_points_carry_the_model_casing(spm_models, workdir, tmp_path, name):
+def test_sentencepiece_start_points_carry_the_model_casing(spm_models, tmp_path, name):
   """An HF export with spiece.model and our workdir with data.spm_model: `do_lower_case` is
   the model's (not None, not the workdir's data.do_lower_case), and asking for the other
   casing is the same ValueError as for WordPiece."""
@@ -554,14 +554,16 @@ def test_sentencepiece_start_points_carry_the_model_casing(spm_models, workdir, 
   hf_dir = str(tmp_path / 'hf')
   hf_reference.torch_model(TINY.replace(vocab_size=tok.vocab_size)).save_pretrained(hf_dir)
   tok.save_pretrained(hf_dir)
-  path, _ = workdir
-  run = tmp_path / 'run'
-  import shutil  # pylint: disable=g-import-not-at-top
-  shutil.copytree(os.path.join(path, 'checkpoints'), run / 'checkpoints')
-  with open(os.path.join(path, 'config.json')) as f:
-    config = json.load(f)
-  config['data'].update(vocab_file='', spm_model=tok.model_file, do_lower_case=not lower)
-  (run / 'config.json').write_text(json.dumps(config))
+  run = tmp_path / 'run'  # a workdir of the model the SentencePiece data trained
+  config = bert_tiny.get_config()
+  config.model.vocab_size = tok.vocab_size
+  config.data.update(vocab_file='', spm_model=tok.model_file, do_lower_case=not lower)
+  os.makedirs(run)
+  (run / 'config.json').write_text(config.to_json_best_effort())
+  manager = checkpointing.make_manager(str(run), async_save=False)
+  checkpointing.save(manager, 1, pretrain_step.setup(config).fresh_state(0), force=True)
+  manager.wait_until_finished()
+  manager.close()
   for source in (hf_dir, str(run)):
     start = start_points.load_start_point(source)
     assert start.do_lower_case is lower and start.tokenizer.do_lower_case is lower, source

@@ -691,7 +691,7 @@ def test_squad_windows_recover_every_gold_span(squad_file, tokenizer):
     for w in windows:
       for position, is_max in w.token_is_max_context.items():
         counts.setdefault((w.doc_span_index, position), is_max)
-    doc_len = len(squad._tokenize_doc(example.doc_tokens, tokenizer).ids)
+    doc_len = len(squad._tokenize_doc(example, tokenizer).ids)
     assert sum(counts.values()) == doc_len
 
 

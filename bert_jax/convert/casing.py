@@ -16,7 +16,8 @@ from bert_jax.convert import hf
 from input_pipeline import fs
 from input_pipeline.hf_tokenizer import HFTokenizer
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
-from input_pipeline.tokenizer_files import TOKENIZER_FILES, find_tokenizer_file
+from input_pipeline.tokenizer_files import (DATA_FIELDS, TOKENIZER_FILES, find_tokenizer_file,
+                                            open_tokenizer)
 
 
 def vocab_is_uncased(vocab_file: str) -> bool:
@@ -95,13 +96,14 @@ def _hf_casing(path: str, vocab: str) -> tuple[bool, str]:
 
 
 def workdir_tokenizer(d, path: str, given: bool | None, required: bool):
-  """(tokenizer, casing) config.json names (`data.spm_model` or `data.vocab_file`, a local
-  path or a URL). A file that is not there is an error when `required`; otherwise a warning
-  and no tokenizer (train.init_from then refuses to go on unchecked: `check_vocabulary`)."""
-  field = 'spm_model' if d.spm_model else 'vocab_file' if d.vocab_file else None
+  """(tokenizer, casing) config.json names (`data.spm_model`, `data.vocab_file` or
+  `data.tokenizer`, a local path or a URL). A file that is not there is an error when
+  `required`; otherwise a warning and no tokenizer (train.init_from then refuses to go on
+  unchecked: `check_vocabulary`)."""
+  field = next((f for f in DATA_FIELDS if d.get(f)), None)
   if field is None:
-    return missing(path, required, 'config.json sets neither data.vocab_file nor '
-                   'data.spm_model')
+    return missing(path, required, 'config.json sets none of data.vocab_file, data.spm_model '
+                   'and data.tokenizer')
   file = d[field]
   if not fs.exists(file):
     message = (f'{path}/config.json: data.{field}={file!r} does not exist here; run from the '
@@ -112,5 +114,8 @@ def workdir_tokenizer(d, path: str, given: bool | None, required: bool):
     return None, None
   if field == 'spm_model':
     return sentencepiece(file, given, path)
+  if field == 'tokenizer':
+    tok = open_tokenizer(file, bool(d.do_lower_case))
+    return tok, resolve(tok.do_lower_case, f'config.json data.tokenizer={file}', given, path)
   lower = resolve(bool(d.do_lower_case), 'config.json data.do_lower_case', given, path)
   return WordPieceTokenizer(file, lower), lower

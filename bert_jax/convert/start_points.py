@@ -2,11 +2,12 @@
 
   start = load_start_point(path)            # (model config, params, tokenizer) from any of:
   - our training workdir (`checkpoints/` + `config.json`): latest or a given step, the run's
-    model config, and the tokenizer named by `data.vocab_file` / `data.spm_model`;
+    model config, and the tokenizer named by `data.vocab_file`, `spm_model` or `tokenizer`;
   - a HuggingFace directory: `BertForPreTraining`, `BertModel` (no `bert.` prefix, no heads),
     a sentence-transformers layout (`modules.json` pointing at the Transformer module), or a
     fine-tuned `BertFor<Task>` export (its head comes along as `start.head`); the same for
-    ModernBERT, RoBERTa and XLM-R (`RobertaForMaskedLM`'s `lm_head` is our MLM head);
+    ModernBERT, RoBERTa and XLM-R (`RobertaForMaskedLM`'s `lm_head` is our MLM head) and
+    ELECTRA (a generator's MLM head is ours; a discriminator's RTD head is dropped);
   - a Google TF checkpoint as google-research/bert released them (`bert_model.ckpt.*`,
     `bert_config.json`, `vocab.txt`), read by variable name without building a TF graph.
 Each may be a URL (gs://...): workdirs are read in place, HF directories and TF checkpoints
@@ -43,10 +44,11 @@ from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, init_params
 from bert_jax.training import checkpointing
 from input_pipeline import fs
-from input_pipeline.tokenizer_files import load_tokenizer
+from input_pipeline.tokenizer_files import data_tokenizer, data_tokenizer_field
 
 __all__ = ['ALLOW_VOCAB_CHANGE', 'HF_DIR', 'RANDOM', 'TF_CHECKPOINT', 'WORKDIR', 'StartPoint',
-           'check_compatible', 'check_sentence_objective', 'check_vocabulary', 'detect_kind',
+           'check_compatible', 'check_sentence_objective', 'check_vocab_size',
+           'check_vocabulary', 'detect_kind',
            'init_head_params', 'load_start_point', 'pretraining_params', 'random_start_point',
            'randomized']
 
@@ -68,7 +70,12 @@ def load_start_point(path: str, *, step: int | None = None, do_lower_case: bool 
     return staging.load_url(path, step, do_lower_case, rng, require_tokenizer,
                             config_overrides)
   load = loaders.LOADERS[detect_kind(path)]
-  return load(path, step, do_lower_case, rng, require_tokenizer, config_overrides)
+  start = load(path, step, do_lower_case, rng, require_tokenizer, config_overrides)
+  if start.tokenizer is not None:
+    check_vocab_size(start.tokenizer, start.cfg.vocab_size, 'its model\'s vocab_size',
+                     f'{path}: its tokenizer {fs.basename(_tokenizer_file_name(start.tokenizer))}',
+                     'Put the tokenizer the model was trained with beside it.')
+  return start
 
 
 def random_start_point(path: str, *, rng: jax.Array | None = None, **kwargs: Any) -> StartPoint:
@@ -116,7 +123,8 @@ def init_head_params(start: StartPoint, head: heads.Head | None = None,
 
 
 # Architecture fields that must agree between a start point and the run's --config.model.
-_SHAPE_FIELDS = {'vocab_size': 'model.vocab_size', 'hidden_size': 'model.size',
+_SHAPE_FIELDS = {'vocab_size': 'model.vocab_size', 'embedding_size': 'model.embedding_size',
+                 'hidden_size': 'model.size',
                  'num_layers': 'model.size', 'num_heads': 'model.size',
                  'intermediate_size': 'model.size',
                  'max_position_embeddings': 'model.size (max_position_embeddings)',
@@ -154,25 +162,44 @@ def check_compatible(start: StartPoint, model_cfg: BertConfig, source: str) -> N
                     start.cfg.hidden_act, model_cfg.hidden_act, start.cfg.hidden_act)
 
 
+def check_vocab_size(tokenizer, vocab_size: int, model: str, source: str, fix: str) -> None:
+  """A tokenizer's ids must index the model's embedding table. More tokens than rows is a
+  ValueError: an id past the table is clipped to the last row by XLA's gather without a word
+  (a ModernBERT config's default 50,368 with mmBERT's 256k tokenizer trains on garbage).
+  Fewer is a model that pads its vocabulary (ModernBERT pads 50,280 ids to 50,368 rows, a
+  multiple of 64, for faster matmuls): logged, since no id ever reaches those rows."""
+  tokens = tokenizer.vocab_size
+  if tokens > vocab_size:
+    raise ValueError(
+        f'{source} has {tokens:,} tokens (ids up to {tokens - 1:,}), but {model} is '
+        f'{vocab_size:,}: ids past the embedding table would be clipped to its last row '
+        f'silently. {fix}')
+  if tokens < vocab_size:
+    logging.info('%s=%d pads the %d tokens of %s with %d rows no id uses (as ModernBERT pads '
+                 '50,280 to 50,368)', model, vocab_size, tokens, source, vocab_size - tokens)
+
+
 ALLOW_VOCAB_CHANGE = '--config.train.init_from_allow_vocab_change=True'
 
 
 def check_vocabulary(start: StartPoint, data, source: str, allow_change: bool = False) -> None:
   """The run's data must use the start point's vocabulary (same content: a sha256 of the
-  token list or SentencePiece model, `Tokenizer.fingerprint`) and casing (`data.do_lower_case`
-  for WordPiece; a SentencePiece model's is its own). Otherwise the same ids mean other words
+  token list, SentencePiece model or tokenizer.json's model and normaliser,
+  `Tokenizer.fingerprint`) and casing (`data.do_lower_case` for WordPiece; a SentencePiece
+  model's and a tokenizer.json's are their own). Otherwise the same ids mean other words
   and continued pre-training silently unlearns; a ValueError names both sides and the fix,
   or, with `allow_change` (ALLOW_VOCAB_CHANGE, a deliberate change), a warning.
 
-  A run that names no data.vocab_file / data.spm_model has nothing to compare: a warning."""
-  if not (data.vocab_file or data.spm_model):
-    logging.warning('train.init_from=%s: the run names no data.vocab_file or data.spm_model, '
-                    'so the start point\'s vocabulary and casing are not checked against the '
-                    'data; name the one the data was made with to have them checked', source)
+  A run that names no tokenizer (data.vocab_file, spm_model or tokenizer) has nothing to
+  compare: a warning."""
+  run_tok = data_tokenizer(data)
+  if run_tok is None:
+    logging.warning('train.init_from=%s: the run names no data.vocab_file, data.spm_model or '
+                    'data.tokenizer, so the start point\'s vocabulary and casing are not '
+                    'checked against the data; name the one the data was made with to have '
+                    'them checked', source)
     return
-  field = 'data.spm_model' if data.spm_model else 'data.vocab_file'
-  run_tok = load_tokenizer(data.vocab_file or None, data.spm_model or None,
-                           bool(data.do_lower_case))
+  field = data_tokenizer_field(data).split('=')[0]
   problems = []
   if start.tokenizer is None:
     problems.append(f'it has no vocabulary that can be read here to compare with {field}; '
@@ -210,13 +237,16 @@ def _tokenizer_file(start: StartPoint) -> str:
 
 
 def check_sentence_objective(start: StartPoint, objective: str, source: str) -> None:
-  """RoBERTa and XLM-R were pre-trained with MLM alone on full sentences and have no sentence
-  head: continuing them with NSP or SOP would train a fresh head on the pooled <s> state
-  (and a pooler they never had), no longer the released model's objective."""
-  if start.cfg.is_roberta and objective != 'none':
+  """RoBERTa and XLM-R were pre-trained with MLM alone on full sentences, ELECTRA with
+  replaced-token detection (and its generator's MLM); none has a sentence head: continuing them
+  with NSP or SOP would train a fresh head on the pooled first state (and a pooler they never
+  had), no longer the released model's objective."""
+  if (start.cfg.is_roberta or start.cfg.is_electra) and objective != 'none':
+    trained = ('replaced-token detection' if start.cfg.is_electra
+               else 'MLM on full sentences')
     raise ValueError(
-        f'train.init_from={source} is a {start.cfg.arch} checkpoint, pre-trained with MLM on '
-        f'full sentences and without a sentence head, but data.sentence_objective='
+        f'train.init_from={source} is a {start.cfg.arch} checkpoint, pre-trained with '
+        f'{trained} and without a sentence head, but data.sentence_objective='
         f'{objective!r}; set --config.data.sentence_objective=none (records written by '
         f'create_pretraining_data --next_sentence=none) and --config.model.arch={start.cfg.arch}')
 
@@ -236,8 +266,9 @@ def pretraining_params(init_from: str, model_cfg: BertConfig, rng: jax.Array | N
                            scan_layers=model_cfg.scan_layers)
   if data is not None:
     check_sentence_objective(start, data.sentence_objective, init_from)
-  if start.cfg.is_roberta and 'pooler' in start.params:
-    # Released RoBERTa checkpoints carry a pooler MLM pre-training neither uses nor trains.
+  if (start.cfg.is_roberta or start.cfg.is_electra) and 'pooler' in start.params:
+    # Released RoBERTa checkpoints carry a pooler MLM pre-training neither uses nor trains
+    # (an ElectraForMultipleChoice its summary, our pooler).
     start = dataclasses.replace(start, params={k: v for k, v in start.params.items()
                                                if k != 'pooler'})
   check_compatible(start, model_cfg, init_from)

@@ -1,7 +1,7 @@
 """Our training workdir as a model: its run config, its tokenizer, its export to HF.
 
 A workdir holds `checkpoints/` and the `config.json` training wrote when it started, which
-names the model and the tokenizer (`data.vocab_file` / `data.spm_model`). `export_workdir`
+names the model and the tokenizer (`data.vocab_file`, `spm_model` or `tokenizer`). `export_workdir`
 turns the latest (or a given) checkpoint into a HuggingFace `BertForPreTraining` (or
 `ModernBertForMaskedLM`) directory,
 whatever mesh or optimizer wrote it (`python -m bert_jax.export` is its command line).
@@ -18,7 +18,7 @@ from configs import upgrade
 from bert_jax.training import checkpointing
 from bert_jax.training.run_setup import model_config
 from input_pipeline import fs
-from input_pipeline.tokenizer_files import load_tokenizer
+from input_pipeline.tokenizer_files import data_tokenizer
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -31,11 +31,8 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def run_tokenizer(config):
-  """The tokenizer the run's data names (`data.vocab_file` / `data.spm_model`), or None."""
-  if not (config.data.vocab_file or config.data.spm_model):
-    return None
-  return load_tokenizer(config.data.vocab_file or None, config.data.spm_model or None,
-                        config.data.do_lower_case)
+  """The tokenizer the run's data names (`tokenizer_files.data_tokenizer`), or None."""
+  return data_tokenizer(config.data)
 
 
 def export_workdir(workdir: str, output: str, step: int | None = None, config=None,

@@ -7,7 +7,10 @@ window where their start has the most context, map the best back to the original
 (`get_final_text`), and for SQuAD 2.0 answer "" when the best null score beats the best span
 by more than `null_score_diff_threshold`.
 
-Answer texts are projected back onto the context with the tokenizer's own casing
+Tokenizers that give character offsets (byte-level BPE, Unigram `tokenizer.json`s) read
+the answer off the context by characters, as HF's `examples/pytorch/question-answering/
+utils_qa.py` `postprocess_qa_predictions` does. Otherwise answer texts are projected back
+onto the context with the tokenizer's own casing
 (`tokenizer.do_lower_case`, read from a SentencePiece model itself), never a guess: lowercasing
 the context for a cased model makes `get_final_text` miss "Steve Smith" in "Steve Smith's".
 """
@@ -111,6 +114,8 @@ def _softmax(scores: list[float]) -> list[float]:
 
 
 def _span_text(example, feature, i, j, tokenizer, normalization: tuple[bool, bool]) -> str:
+  if feature.token_to_chars is not None:  # HF run_qa.py's utils_qa: the characters, verbatim
+    return example.context_text[feature.token_to_chars[i][0]:feature.token_to_chars[j][1]]
   pieces = [tokenizer.id_to_token(int(t)) for t in feature.input_ids[i:j + 1]]
   orig = ' '.join(example.doc_tokens[feature.token_to_orig_map[i]:
                                      feature.token_to_orig_map[j] + 1])

@@ -33,6 +33,7 @@ from bert_jax.pretrain import step as ts
 from input_pipeline import fs
 from input_pipeline.pretrain import dataset as data_lib
 from input_pipeline.pretrain.dataset import reader_config
+from input_pipeline.tokenizer_files import data_tokenizer, data_tokenizer_field
 
 
 def per_process_batch(global_batch: int) -> int:
@@ -170,12 +171,24 @@ def _resume(setup: run_setup.RunSetup, manager, workdir: str):
   return state, _train_iterator(config, config.seed + latest)
 
 
+def _check_tokenizer(config) -> None:
+  """The data's tokenizer (data.vocab_file, spm_model or tokenizer) against model.vocab_size,
+  before the first step (`start_points.check_vocab_size`)."""
+  tokenizer = data_tokenizer(config.data)
+  if tokenizer is not None:
+    start_points.check_vocab_size(
+        tokenizer, config.model.vocab_size, 'model.vocab_size', data_tokenizer_field(config.data),
+        f'Set --config.model.vocab_size={tokenizer.vocab_size} or more (a multiple of 64 runs '
+        'faster), or make the data with the tokenizer the model was trained with.')
+
+
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Run (or resume) training to `train.num_steps`; returns the last train and eval metrics."""
   workdir = fs.absolute(workdir)
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first hours of training
   setup = ts.setup(config)
+  _check_tokenizer(config)
   t = config.train
   logging.info('mesh %s over %d devices, %d processes', dict(setup.mesh.shape),
                jax.device_count(), jax.process_count())

@@ -1,7 +1,9 @@
 """SQuAD 1.1/2.0: reading and sliding-window features.
 
 This is google-research/bert `run_squad.py` on our tokenizer interface: contexts split on
-whitespace, each word tokenized on its own; windows of `max_seq_length` tokens
+whitespace, each word tokenized on its own (tokenizers that give character offsets, the
+`tokenizer.json` ones of RoBERTa, ModernBERT...: the whole context at once, answers located
+and read back by characters as HF's `run_qa.py` does); windows of `max_seq_length` tokens
 `[CLS] question [SEP] context-window [SEP]` every `doc_stride` context tokens; the answer span
 narrowed to the tokenized answer (`_improve_answer_span`); each token scored only in the window
 where it has the most context (`_check_is_max_context`); a window that does not contain the
@@ -70,6 +72,9 @@ class SquadFeature:
   end_position: int
   is_impossible: bool
   num_tokens: int  # before padding
+  # window position -> [start, end) characters of the context, for tokenizers that give
+  # offsets (`encode_with_offsets`); None for WordPiece and SentencePiece (word by word).
+  token_to_chars: dict[int, tuple[int, int]] | None = None
 
 
 def _is_whitespace(c: str) -> bool:
@@ -178,19 +183,42 @@ def read_tfds_squad(split: str, *, name: str = 'squad/v1.1', data_dir: str | Non
 
 @dataclasses.dataclass
 class _Doc:
-  """A context tokenized word by word."""
+  """A tokenized context."""
   ids: list[int]  # all sub-tokens
   tok_to_orig: list[int]
   orig_to_tok: list[int]
+  offsets: list[tuple[int, int]] | None = None  # each token's characters (`_tokenize_context`)
 
 
-def _tokenize_doc(words: Sequence[str], tokenizer: Tokenizer) -> _Doc:
+def _tokenize_doc(example: SquadExample, tokenizer: Tokenizer) -> _Doc:
+  """Word by word, as the reference does (WordPiece, SentencePiece), or the whole context at
+  once where the tokenizer gives offsets (`_tokenize_context`)."""
+  if hasattr(tokenizer, 'encode_with_offsets'):
+    return _tokenize_context(example.context_text, tokenizer)
   doc = _Doc([], [], [])
-  for i, pieces in enumerate(tokenizer.encode_batch(list(words))):
+  for i, pieces in enumerate(tokenizer.encode_batch(list(example.doc_tokens))):
     doc.orig_to_tok.append(len(doc.ids))
     doc.ids.extend(pieces)
     doc.tok_to_orig.extend([i] * len(pieces))
   return doc
+
+
+def _tokenize_context(context: str, tokenizer) -> _Doc:
+  """The context as running text with each token's characters, as HF's `run_qa.py` tokenizes
+  it: byte-level BPE marks a word's leading space ('Ġ'), so words encoded one by one would get
+  ids the model never saw mid-sentence. Each token belongs to the word of its first
+  non-space character (a token of spaces alone to the word before it)."""
+  words, char_to_word = split_context(context)
+  ids, offsets = tokenizer.encode_with_offsets(context)
+  tok_to_orig = []
+  for start, end in offsets:
+    pos = start
+    while pos < end - 1 and _is_whitespace(context[pos]):
+      pos += 1
+    word = max(char_to_word[min(pos, len(context) - 1)], 0)
+    tok_to_orig.append(max(word, tok_to_orig[-1]) if tok_to_orig else word)
+  orig_to_tok = np.searchsorted(tok_to_orig, np.arange(len(words)), 'left').tolist()
+  return _Doc(ids, tok_to_orig, orig_to_tok, [tuple(o) for o in offsets])
 
 
 def _improve_answer_span(doc_ids: list[int], start: int, end: int, answer_ids: list[int]
@@ -240,9 +268,10 @@ def squad_features(examples: Sequence[SquadExample], tokenizer: Tokenizer, *,
   Answers that cannot be aligned (see the module docstring) are counted in one log line
   naming `source` (the file); in training they are dropped, and more than
   `max_misaligned_fraction` of the answers (None: no limit) is a ValueError."""
-  if max_seq_length <= max_query_length + 3:
-    raise ValueError(f'max_seq_length={max_seq_length} must exceed max_query_length + 3 '
-                     f'= {max_query_length + 3}')
+  separators = len(tokenizer.pair_separator)  # RoBERTa's `</s></s>` between the texts
+  if max_seq_length <= max_query_length + 2 + separators:
+    raise ValueError(f'max_seq_length={max_seq_length} must exceed max_query_length + '
+                     f'{2 + separators} = {max_query_length + 2 + separators}')
   features, docs = [], {}
   unaligned = Unaligned(sum(not e.is_impossible and bool(e.answers) for e in examples))
   for example_index, example in enumerate(examples):
@@ -251,11 +280,12 @@ def squad_features(examples: Sequence[SquadExample], tokenizer: Tokenizer, *,
       if is_training:
         continue
     if example.context_text not in docs:  # questions share paragraphs: tokenize each once
-      docs[example.context_text] = _tokenize_doc(example.doc_tokens, tokenizer)
+      docs[example.context_text] = _tokenize_doc(example, tokenizer)
     doc = docs[example.context_text]
-    query = tokenizer.encode(example.question_text)[:max_query_length]
+    # run_qa.py strips the question's leading spaces (they would be tokens in byte-level BPE)
+    query = tokenizer.encode(example.question_text.lstrip())[:max_query_length]
     answer = _token_answer(example, doc, tokenizer)
-    spans = _doc_spans(len(doc.ids), max_seq_length - len(query) - 3, doc_stride)
+    spans = _doc_spans(len(doc.ids), max_seq_length - len(query) - 2 - separators, doc_stride)
     if answer is not None and example.recoverable and not any(
         start <= answer[0] and answer[1] < start + length for start, length in spans):
       unaligned.too_long.append((example, answer[1] - answer[0] + 1, spans))
@@ -324,6 +354,11 @@ def _token_answer(example: SquadExample, doc: _Doc, tokenizer: Tokenizer
   """The first answer's token span in the whole context, or None."""
   if example.is_impossible or example.start_position < 0:
     return None
+  if doc.offsets is not None:  # the tokens that overlap the answer's characters (run_qa.py)
+    first = example.answers[0].start
+    last = first + len(example.answers[0].text)
+    inside = [i for i, (s, e) in enumerate(doc.offsets) if s < last and e > first]
+    return (inside[0], inside[-1]) if inside else None
   start = doc.orig_to_tok[example.start_position]
   if example.end_position < len(example.doc_tokens) - 1:
     end = doc.orig_to_tok[example.end_position + 1] - 1
@@ -335,13 +370,15 @@ def _token_answer(example: SquadExample, doc: _Doc, tokenizer: Tokenizer
 def _window(example, example_index, doc, query, spans, span_index, answer, tokenizer,
             max_seq_length, unique_id) -> SquadFeature:
   span_start, span_length = spans[span_index]
-  ids = [tokenizer.cls_id] + query + [tokenizer.sep_id]
+  ids = [tokenizer.cls_id] + query + list(tokenizer.pair_separator)
   offset = len(ids)
   ids += doc.ids[span_start:span_start + span_length] + [tokenizer.sep_id]
   segment = [0] * offset + [1] * (span_length + 1)
   to_orig = {offset + i: doc.tok_to_orig[span_start + i] for i in range(span_length)}
   max_context = {offset + i: _check_is_max_context(spans, span_index, span_start + i)
                  for i in range(span_length)}
+  chars = None if doc.offsets is None else {
+      offset + i: doc.offsets[span_start + i] for i in range(span_length)}
   start = end = 0
   if answer is not None and span_start <= answer[0] and answer[1] < span_start + span_length:
     start, end = answer[0] - span_start + offset, answer[1] - span_start + offset
@@ -353,7 +390,8 @@ def _window(example, example_index, doc, query, spans, span_index, answer, token
       input_mask=np.array([1] * n + [0] * pad, np.int32),
       segment_ids=np.array(segment + [0] * pad, np.int32),
       token_to_orig_map=to_orig, token_is_max_context=max_context, start_position=start,
-      end_position=end, is_impossible=example.is_impossible, num_tokens=n)
+      end_position=end, is_impossible=example.is_impossible, num_tokens=n,
+      token_to_chars=chars)
 
 
 def feature_arrays(features: Sequence[SquadFeature]) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """Examples -> padded numpy arrays for fine-tuning, with our tokenizer.
 
 Sentence (pair) classification/regression follows google-research/bert `run_classifier.py`
-`convert_single_example`: `[CLS] a [SEP] b [SEP]`, segment ids 0 then 1, the pair trimmed one
+`convert_single_example`: `[CLS] a [SEP] b [SEP]` (RoBERTa's tokenizers: `<s> a </s></s> b
+</s>`, as their own pair template), segment ids 0 then 1, the pair trimmed one
 token at a time from the end of the longer side (`_truncate_seq_pair`; B on ties), a single
 sentence cut to max_seq_length - 2, padding with the tokenizer's [PAD] id.
 
@@ -62,14 +63,19 @@ def truncate_longest_first(len_a: int, len_b: int, max_length: int) -> tuple[int
 
 def _pack_pair(tokenizer: Tokenizer, a: list[int], b: list[int] | None, max_seq_length: int,
                truncate=truncate_seq_pair) -> tuple[list[int], list[int]]:
-  """(ids, segment ids) of `[CLS] a [SEP] (b [SEP])`, the pair cut by `truncate`, unpadded."""
+  """(ids, segment ids) of `[CLS] a [SEP] (b [SEP])`, the pair cut by `truncate`, unpadded;
+  between the texts the tokenizer's own separator (RoBERTa's `</s></s>`: `pair_separator`)."""
   cls, sep = tokenizer.cls_id, tokenizer.sep_id
   if b is None:
     a = a[:max_seq_length - 2]
     return [cls] + a + [sep], [0] * (len(a) + 2)
-  la, lb = truncate(len(a), len(b), max_seq_length - 3)
-  ids = [cls] + a[:la] + [sep] + b[:lb] + [sep]
-  return ids, [0] * (la + 2) + [1] * (lb + 1)
+  between = list(tokenizer.pair_separator)
+  if max_seq_length < 2 + len(between):
+    raise ValueError(f'max_seq_length={max_seq_length}: a pair needs room for {2 + len(between)} '
+                     'special tokens')
+  la, lb = truncate(len(a), len(b), max_seq_length - 2 - len(between))
+  ids = [cls] + a[:la] + between + b[:lb] + [sep]
+  return ids, [0] * (la + 1 + len(between)) + [1] * (lb + 1)
 
 
 def classification_features(examples: Sequence[Example], tokenizer: Tokenizer,

@@ -137,7 +137,8 @@ def window_features(job: Job, tokenizer, window: list[list[str]], index: int):
   """Window `index` of the corpus -> (row features, the masking.Block they came from).
 
   The one function both runners make shard rows with (beam_pipeline.py calls it too)."""
-  sentences = [s for doc in window for s in doc]
+  prefix = tokenizer.running_text_prefix  # ' ' for byte-level BPE: "Ġword" as mid-document
+  sentences = [prefix + s if k else s for doc in window for k, s in enumerate(doc)]
   ids = iter(tokenizer.encode_batch(sentences))
   tokenized = [[next(ids) for _ in doc] for doc in window]  # Window drops empty ones
   block = _window_block(job, tokenized, tokenizer, index)

@@ -59,12 +59,13 @@ class ReaderConfig:
   shuffle_buffer: int = 10_000
   seed: int = 0
   dynamic_masking: bool = False  # fresh masks every time a row is read (RoBERTa)
-  whole_word_masking: bool = False  # with dynamic_masking; needs vocab_file or spm_model
+  whole_word_masking: bool = False  # with dynamic_masking; needs the data's tokenizer
   pack: bool = False  # pack unpacked records on the fly, K = max_instances_per_row
   pack_window: int = 1024  # rows the packer sees at once (more: fuller rows)
   # The data's tokenizer, for dynamic masking (replacement tokens, word boundaries).
   vocab_file: str = ''
   spm_model: str = ''
+  tokenizer: str = ''  # a tokenizer.json / vocab.json or a model directory (RoBERTa, ModernBERT)
   do_lower_case: bool = True
   # Without a tokenizer file, dynamic masking uses these ids and replacements from
   # [first_real_token_id, vocab_size).
@@ -155,7 +156,7 @@ def reader_config(config, files: str = '', batch_size: int = 1,
       seed=config.seed if seed is None else seed, dynamic_masking=d.dynamic_masking,
       whole_word_masking=d.whole_word_masking, pack=d.pack, pack_window=d.pack_window,
       vocab_size=config.model.vocab_size, threads=d.threads, vocab_file=d.vocab_file,
-      spm_model=d.spm_model, do_lower_case=d.do_lower_case,
+      spm_model=d.spm_model, tokenizer=d.get('tokenizer', ''), do_lower_case=d.do_lower_case,
       sentence_objective=d.sentence_objective, masked_lm_prob=d.masked_lm_prob)
 
 
@@ -198,17 +199,18 @@ class _DefaultVocab:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(vocab_file: str, spm_model: str, do_lower_case: bool):
-  from input_pipeline.tokenizer_files import load_tokenizer  # pylint: disable=g-import-not-at-top
-  return load_tokenizer(vocab_file or None, spm_model or None, do_lower_case)
+def _tokenizer(vocab_file: str, spm_model: str, tokenizer: str, do_lower_case: bool):
+  from input_pipeline.tokenizer_files import data_tokenizer  # pylint: disable=g-import-not-at-top
+  return data_tokenizer(dict(vocab_file=vocab_file, spm_model=spm_model, tokenizer=tokenizer,
+                             do_lower_case=do_lower_case))
 
 
 def masking_vocab(cfg: ReaderConfig):
-  if cfg.vocab_file or cfg.spm_model:
-    return _tokenizer(cfg.vocab_file, cfg.spm_model, cfg.do_lower_case)
+  if cfg.vocab_file or cfg.spm_model or cfg.tokenizer:
+    return _tokenizer(cfg.vocab_file, cfg.spm_model, cfg.tokenizer, cfg.do_lower_case)
   if cfg.whole_word_masking:
-    raise ValueError('data.whole_word_masking needs the tokenizer: set data.vocab_file or '
-                     'data.spm_model')
+    raise ValueError('data.whole_word_masking needs the tokenizer: set data.vocab_file, '
+                     'data.spm_model or data.tokenizer')
   return _DefaultVocab(cfg)
 
 

@@ -131,7 +131,8 @@ def mask_tokens(tokens: list[int], cfg: MaskingConfig, tokenizer, rng: random.Ra
   for i, token in enumerate(tokens):
     if token == cls_id or token == sep_id:
       continue
-    if word_start is not None and cand_indexes and not word_start[i]:
+    if (word_start is not None and cand_indexes and not word_start[i]
+        and cand_indexes[-1][-1] == i - 1):  # never across [CLS] / [SEP]
       cand_indexes[-1].append(i)
     else:
       cand_indexes.append([i])

@@ -82,10 +82,12 @@ def mask_block(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray, cfg: Mas
       np.int64)
 
   # Units: single tokens, or whole words (a continuation piece joins the previous candidate's
-  # word, exactly as the reference groups cand_indexes).
+  # word, exactly as the reference groups cand_indexes; but never across [CLS] or [SEP]: a
+  # byte-level BPE document's first token has no 'Ġ', yet starts a word).
   if cfg.do_whole_word_mask:
-    first_candidate = candidate & (np.cumsum(candidate, axis=1) == 1)
-    start = candidate & (tokenizer.word_start_table[ids] | first_candidate)
+    after_special = np.ones_like(candidate)
+    after_special[:, 1:] = ~candidate[:, :-1]
+    start = candidate & (tokenizer.word_start_table[ids] | after_special)
   else:
     start = candidate
   # A unit's length, stored at its start position.
