@@ -521,6 +521,9 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
   assert theirs(TEXTS[:8])['input_ids'] == [
       [ours.cls_id] + e + [ours.sep_id] for e in ours.encode_batch(TEXTS[:8])]
   assert theirs.mask_token_id == ours.mask_id
+  exported = json.load(open(os.path.join(export, 'config.json')))
+  assert [exported[f'{r}_token_id'] for r in ('pad', 'cls', 'sep', 'bos', 'eos')] == [
+      ours.pad_id, ours.cls_id, ours.sep_id, ours.cls_id, ours.sep_id]  # the release's ids
   model, info = transformers.AutoModelForMaskedLM.from_pretrained(
       export, output_loading_info=True)
   assert type(model).__name__ == 'ModernBertForMaskedLM'

@@ -79,6 +79,22 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
   }
 
 
+def with_tokenizer_ids(hf_config: dict[str, Any], cfg: BertConfig, tokenizer) -> dict[str, Any]:
+  """`hf_config` with the exported tokenizer's special ids in the id fields it has
+  (ModernBERT's pad 50,283, cls 50,281, sep 50,282; an mmBERT's 0, 1, 2), so transformers
+  pads and embeds as the release did; a RoBERTa's pad_token_id stays the one its positions
+  are numbered from (hf_roberta)."""
+  if tokenizer is None:
+    return hf_config
+  ids = {'pad_token_id': tokenizer.pad_id, 'cls_token_id': tokenizer.cls_id,
+         'sep_token_id': tokenizer.sep_id, 'bos_token_id': tokenizer.cls_id,
+         'eos_token_id': tokenizer.sep_id}
+  for key, value in ids.items():
+    if key in hf_config and not (cfg.is_roberta and key == 'pad_token_id'):
+      hf_config[key] = value
+  return hf_config
+
+
 def config_to_hf_any(cfg: BertConfig) -> dict[str, Any]:
   """The MLM export's config.json of any arch: BertForPreTraining, ModernBertForMaskedLM,
   (XLM)RobertaForMaskedLM or ElectraForMaskedLM."""
@@ -340,7 +356,7 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
 
 def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  hf_config = config_to_hf_any(cfg)
+  hf_config = with_tokenizer_ids(config_to_hf_any(cfg), cfg, tokenizer)
   with open(os.path.join(directory, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})

@@ -221,7 +221,7 @@ def save_finetuned(path: str, cfg: BertConfig, head: Head, params, tokenizer=Non
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   state = finetuned_to_hf(params, cfg, head)  # converts (and so validates) before writing
-  hf_config = config_to_hf(cfg, head)
+  hf_config = hf.with_tokenizer_ids(config_to_hf(cfg, head), cfg, tokenizer)
 
   def write(tmp: str) -> None:
     with open(os.path.join(tmp, 'config.json'), 'w') as f:

@@ -105,16 +105,36 @@ def config_to_hf(cfg: BertConfig, architecture: str = 'ModernBertForMaskedLM') -
 
 
 def _theta(hf: Mapping[str, Any], layer_type: str, legacy: str, default: float,
-           source: str) -> float:
-  """A layer type's theta from 5.x's rope_parameters or 4.x's legacy key, whichever is there;
-  both there and different, transformers 4.x and 5.x would run different models: refused."""
+           source: str) -> float | None:
+  """A layer type's theta from 5.x's rope_parameters or 4.x's legacy key, whatever is there;
+  both there and different, transformers 4.x and 5.x would run different models: refused.
+  None where the config names the key but gives no value (4.x: `local_rope_theta: null`)."""
   rope = (hf.get('rope_parameters') or {}).get(layer_type) or {}
   new, old = rope.get('rope_theta'), hf.get(legacy)
   if new is not None and old is not None and float(new) != float(old):
     raise CheckpointError(
         f'{source}: rope_parameters.{layer_type}.rope_theta={new} but {legacy}={old}; '
         'transformers 5.x reads the first, 4.x the second: make them agree')
+  if new is None and old is None and ('rope_theta' in rope or legacy in hf):
+    return None
   return float(new if new is not None else old if old is not None else default)
+
+
+def _check_rope_type(hf: Mapping[str, Any], source: str) -> None:
+  """Only unscaled rotary embeddings: a `rope_scaling` (4.x, and 5.x applies it to both
+  layer types) or a rope_parameters entry of another rope_type (YaRN, linear...) changes the
+  frequencies, which this encoder would silently not do."""
+  kinds = {'rope_scaling': hf.get('rope_scaling') or {}}
+  kinds.update({f'rope_parameters.{k}': v or {}
+                for k, v in (hf.get('rope_parameters') or {}).items()})
+  for where, rope in kinds.items():
+    if not isinstance(rope, Mapping):
+      raise CheckpointError(f'{source}: {where}={rope!r} is not a mapping')
+    kind = rope.get('rope_type', rope.get('type'))
+    if kind not in (None, 'default'):
+      raise CheckpointError(
+          f'{source}: {where} has rope_type {kind!r}; only unscaled ("default") rotary '
+          'embeddings are supported')
 
 
 def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
@@ -129,6 +149,16 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
       raise CheckpointError(f'{source}: {flag}=true is not supported (ModernBERT has none)')
   if not hf.get('decoder_bias', True):
     raise CheckpointError(f'{source}: decoder_bias=false is not supported')
+  if not hf.get('tie_word_embeddings', True):
+    raise CheckpointError(f'{source}: tie_word_embeddings=false is not supported (the MLM '
+                          'decoder is the word embeddings here)')
+  # The MLM head's (and the task heads') activation is `classifier_activation` in transformers
+  # (absent: gelu), the MLP's `hidden_activation`; this encoder has one for both.
+  head_act = hf.get('classifier_activation', 'gelu')
+  if _ACT_FROM_HF.get(head_act) != _ACT_FROM_HF[act]:
+    raise CheckpointError(f'{source}: classifier_activation {head_act!r} differs from '
+                          f'hidden_activation {act!r}; only one activation for both is supported')
+  _check_rope_type(hf, source)
   try:
     layers = hf['num_hidden_layers']
     every = hf.get('global_attn_every_n_layers', 3)
@@ -141,6 +171,10 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
       if list(types) != expected:
         raise CheckpointError(f'{source}: layer_types {types} is not "global every Nth layer '
                               'from layer 0"; only that pattern is supported')
+    global_theta = _theta(hf, 'full_attention', 'global_rope_theta', 160_000.0, source)
+    if global_theta is None:
+      raise CheckpointError(f'{source}: the global rotary theta is null')
+    local_theta = _theta(hf, 'sliding_attention', 'local_rope_theta', 10_000.0, source)
     return BertConfig(
         arch='modern', **{k: v for k, v in ARCHS['modern'].items()
                           if k in ('norm_position', 'use_bias', 'mlp', 'positions')},
@@ -153,8 +187,9 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
         hidden_dropout=hf.get('embedding_dropout', 0.0),
         attention_dropout=hf.get('attention_dropout', 0.0),
         global_attention_every=every, local_window=hf.get('local_attention', 128),
-        global_rope_theta=_theta(hf, 'full_attention', 'global_rope_theta', 160_000.0, source),
-        local_rope_theta=_theta(hf, 'sliding_attention', 'local_rope_theta', 10_000.0, source),
+        global_rope_theta=global_theta,
+        # 4.x: `local_rope_theta: null` means the local layers rotate with the global theta.
+        local_rope_theta=global_theta if local_theta is None else local_theta,
         classifier_pooling=hf.get('classifier_pooling', 'cls'))
   except KeyError as e:
     raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
