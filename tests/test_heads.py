@@ -267,7 +267,9 @@ def test_export_refuses_to_overwrite_and_keeps_the_old_one(tmp_path):
   with pytest.raises(FileExistsError, match='overwrite=True'):
     hf_heads.save_finetuned(path, cfg, head, params)
 
-  class BrokenTokenizer:
+  class BrokenTokenizer:  # a disk that fills up while the tokenizer is written
+    pad_id, cls_id, sep_id = 0, 2, 3
+
     def save_pretrained(self, path):
       raise OSError('disk full')
 

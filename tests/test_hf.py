@@ -188,7 +188,9 @@ def test_save_never_leaves_a_half_written_directory(tmp_path):
   cfg = CONFIGS['tiny']
   params = init_params(cfg, jax.random.key(0))
 
-  class BrokenTokenizer:
+  class BrokenTokenizer:  # a disk that fills up while the tokenizer is written
+    pad_id, cls_id, sep_id = 0, 2, 3
+
     def save_pretrained(self, path):
       raise OSError('disk full')
 

@@ -5,11 +5,13 @@ another prefix) and hf_electra.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import jax
 import numpy as np
 
+from bert_jax.convert.hf_modern import CheckpointError
 from bert_jax.model.encoder import BertConfig
 
 Array = np.ndarray
@@ -90,3 +92,69 @@ def _layer_tree(params, cfg: BertConfig, i: int):
   if cfg.scan_layers:
     return jax.tree_util.tree_map(lambda x: x[i], enc['layers'])
   return enc[f'layer_{i}']
+
+
+# ----------------------------------------------------------------------------- both ways
+# What BERT, RoBERTa and ELECTRA's converters do alike around their own maps.
+
+TopMap = dict[str, tuple[tuple[str, ...], Callable, Callable]]
+
+
+def to_hf_tree(params, cfg: BertConfig, top: TopMap, prefix: str,
+               name: Callable[[str], str]) -> dict:
+  """Our tree -> HF-keyed, HF-shaped tensors: `top`'s entries whose group the tree has, keyed
+  `name(key)`, then every layer under `{prefix}encoder.layer.{i}.`. Works on numpy, jax arrays
+  and tracers (`expected_shapes`)."""
+  out = {}
+  for key, (path, _, to_hf) in top.items():
+    if path[0] in params:
+      out[name(key)] = to_hf(_get(params, path))
+  layer_map = _layer_map(cfg)
+  for i in range(cfg.num_layers):
+    layer = _layer_tree(params, cfg, i)
+    for key, (path, _, to_hf) in layer_map.items():
+      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
+  return out
+
+
+def expected_shapes(params_fn: Callable[[], dict], to_tree: Callable[[dict], dict]
+                    ) -> dict[str, tuple[int, ...]]:
+  """HF tensor shapes of `to_tree(params_fn())`, computed abstractly (nothing allocated)."""
+  return {k: tuple(v.shape) for k, v in jax.eval_shape(lambda: to_tree(params_fn())).items()}
+
+
+def check_state(state: dict, expected: dict, encoder_keys: list[str], cfg: BertConfig,
+                source: str, family: str) -> None:
+  """Every tensor of `state` that `expected` names has its shape, and the encoder is whole
+  (`encoder_keys` plus every layer's); else a CheckpointError naming the tensors."""
+  for key, shape in expected.items():
+    if key in state and tuple(state[key].shape) != tuple(shape):
+      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, but '
+                            f'config.json implies {tuple(shape)}')
+  layer_keys = [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in _layer_map(cfg)]
+  missing = [k for k in list(encoder_keys) + layer_keys if k not in state]
+  if missing:
+    raise CheckpointError(f'{source}: {len(missing)} encoder tensors are missing, e.g. '
+                          f'{missing[:3]}; it is not a complete {family} of this config.json')
+
+
+def encoder_from_hf(state: dict, cfg: BertConfig) -> dict:
+  """The `encoder` group from HF's `encoder.layer.{i}.*` tensors, scanned or unrolled as
+  `cfg.scan_layers` says."""
+  layers = []
+  for i in range(cfg.num_layers):
+    layer: dict = {}
+    for key, (path, from_hf, _) in _layer_map(cfg).items():
+      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
+    layers.append(layer)
+  if cfg.scan_layers:
+    return {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  return {f'layer_{i}': layer for i, layer in enumerate(layers)}
+
+
+def warn_unused(state: dict, known, source: str, model_class: str) -> None:
+  """One warning naming the tensors of `state` that no parameter reads."""
+  unused = sorted(k for k in state if k not in known)
+  if unused:
+    logging.warning('%s: ignored %d tensors that are not part of %s: %s', source, len(unused),
+                    model_class, unused[:8])

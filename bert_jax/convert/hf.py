@@ -37,8 +37,9 @@ HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
 # A directory that is not a loadable BERT or ModernBERT checkpoint (one type for both).
 CheckpointError = hf_modern.CheckpointError
 # The BERT layout's key maps (shared with hf_roberta.py, which hf.py dispatches to).
+from bert_jax.convert import bert_state_map  # noqa: E402  pylint: disable=g-import-not-at-top
 from bert_jax.convert.bert_state_map import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    ACT_FROM_HF, ACT_TO_HF, _get, _layer_map, _layer_tree, _set, _top_map)
+    ACT_FROM_HF, ACT_TO_HF, _get, _set, _top_map)
 
 
 def _roberta():
@@ -158,17 +159,9 @@ def _hf_key(key: str) -> str:
 
 
 def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
-  """Our tree -> HF-keyed, HF-shaped tensors; works on numpy, jax arrays and tracers."""
-  out = {}
-  for key, (path, _, to_hf) in _top_map().items():
-    name = key if key.startswith('cls.') else prefix + key
-    out[name] = to_hf(_get(params, path))
-  layer_map = _layer_map(cfg)
-  for i in range(cfg.num_layers):
-    layer = _layer_tree(params, cfg, i)
-    for key, (path, _, to_hf) in layer_map.items():
-      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
-  return out
+  """Our tree -> HF-keyed, HF-shaped tensors (heads under `cls.`, the rest under `prefix`)."""
+  return bert_state_map.to_hf_tree(
+      params, cfg, _top_map(), prefix, lambda k: k if k.startswith('cls.') else prefix + k)
 
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
@@ -187,8 +180,8 @@ def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
 
 def _expected_hf_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
   """HF tensor shapes implied by `cfg`, computed abstractly (no model-sized allocation)."""
-  shapes = jax.eval_shape(lambda: _to_hf_tree(init_params(cfg, jax.random.key(0)), cfg))
-  return {_hf_key(k): tuple(v.shape) for k, v in shapes.items()}
+  return bert_state_map.expected_shapes(lambda: init_params(cfg, jax.random.key(0)),
+                                        lambda p: _to_hf_tree(p, cfg, ''))
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
@@ -207,18 +200,9 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
     return _electra().params_from_hf(state, cfg, rng=rng, source=source)
   state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_hf_shapes(cfg)
-  for key, shape in expected.items():
-    if key in state and tuple(state[key].shape) != tuple(shape):
-      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, but '
-                            f'config.json implies {tuple(shape)}')
-  top, layer_map = _top_map(), _layer_map(cfg)
-  layer_keys = [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map]
-  encoder_keys = [k for k in top if k.startswith('embeddings.')] + layer_keys
-  missing_encoder = [k for k in encoder_keys if k not in state]
-  if missing_encoder:
-    raise CheckpointError(
-        f'{source}: {len(missing_encoder)} encoder tensors are missing, e.g. '
-        f'{missing_encoder[:3]}; it is not a complete BERT of this config.json')
+  top = _top_map()
+  bert_state_map.check_state(state, expected, [k for k in top if k.startswith('embeddings.')],
+                             cfg, source, 'BERT')
 
   fresh = None
   params: dict = {}
@@ -236,23 +220,10 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
     logging.warning('%s has no %s: initialised fresh (an encoder-only checkpoint); fine-tune or '
                     'pre-train before using those heads.', source, ', '.join(missing_heads))
 
-  layers = []
-  for i in range(cfg.num_layers):
-    layer: dict = {}
-    for key, (path, from_hf, _) in layer_map.items():
-      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
-    layers.append(layer)
-  if cfg.scan_layers:
-    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
-  else:
-    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
-
+  params['encoder'] = bert_state_map.encoder_from_hf(state, cfg)
   known = set(expected) | {'cls.predictions.decoder.weight', 'cls.predictions.decoder.bias',
                            'embeddings.position_ids'}
-  unused = sorted(k for k in state if k not in known)
-  if unused:
-    logging.warning('%s: ignored %d tensors that are not part of BertForPreTraining: %s',
-                    source, len(unused), unused[:8])
+  bert_state_map.warn_unused(state, known, source, 'BertForPreTraining')
   return params
 
 

@@ -43,9 +43,7 @@ _NOT_PARAMS = ('embeddings.position_ids', 'embeddings.token_type_ids',
                'generator_lm_head.weight')
 # ElectraConfig's ElectraSequenceSummary fields, the only ones our multiple choice computes.
 SUMMARY = dict(summary_type='first', summary_use_proj=True, summary_activation='gelu')
-_layer_map, _linear, _get, _set, _layer_tree = (
-    bert_state_map._layer_map, bert_state_map._linear, bert_state_map._get,
-    bert_state_map._set, bert_state_map._layer_tree)
+_linear, _set = bert_state_map._linear, bert_state_map._set  # pylint: disable=protected-access
 
 
 def _same(x):
@@ -176,16 +174,8 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
 def _to_hf_tree(params, cfg: BertConfig, prefix: str) -> dict:
   """Our tree -> HF-keyed, HF-shaped tensors; groups the tree lacks (a head model's MLM head,
   the pooler of all but multiple choice) are not written."""
-  out = {}
-  for key, (path, _, to_hf) in _top_map(cfg).items():
-    if path[0] in params:
-      out[key if _is_head(key) else prefix + key] = to_hf(_get(params, path))
-  layer_map = _layer_map(cfg)
-  for i in range(cfg.num_layers):
-    layer = _layer_tree(params, cfg, i)
-    for key, (path, _, to_hf) in layer_map.items():
-      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
-  return out
+  return bert_state_map.to_hf_tree(params, cfg, _top_map(cfg), prefix,
+                                   lambda k: k if _is_head(k) else prefix + k)
 
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
@@ -202,12 +192,9 @@ def _canonical(key: str) -> str:
 
 def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
   """HF tensor shapes implied by `cfg` (multiple choice's summary included), abstractly."""
-  def tree():
-    params = dict(init_params(cfg, jax.random.key(0)))
-    params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
-                        'bias': np.zeros((cfg.hidden_size,), np.float32)}
-    return _to_hf_tree(params, cfg, '')
-  return {k: tuple(v.shape) for k, v in jax.eval_shape(tree).items()}
+  from bert_jax.convert.hf_roberta import _with_pooler  # pylint: disable=g-import-not-at-top
+  return bert_state_map.expected_shapes(lambda: _with_pooler(cfg),
+                                        lambda p: _to_hf_tree(p, cfg, ''))
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
@@ -220,19 +207,9 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   """
   state = {_canonical(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_shapes(cfg)
-  for key, shape in expected.items():
-    if key in state and tuple(state[key].shape) != shape:
-      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
-                            f'but config.json implies {shape}')
-  layer_map = _layer_map(cfg)
   top = _top_map(cfg)
-  encoder_keys = ([k for k in top if not _is_head(k)] +
-                  [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map])
-  missing = [k for k in encoder_keys if k not in state]
-  if missing:
-    raise CheckpointError(
-        f'{source}: {len(missing)} encoder tensors are missing, e.g. {missing[:3]}; it is not '
-        'a complete ELECTRA of this config.json')
+  bert_state_map.check_state(state, expected, [k for k in top if not _is_head(k)], cfg, source,
+                             'ELECTRA')
 
   params: dict = {}
   for key, (path, from_hf, _) in top.items():
@@ -259,20 +236,7 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
     raise CheckpointError(f'{source}: sequence_summary.summary.weight and .bias must come '
                           'together')
 
-  layers = []
-  for i in range(cfg.num_layers):
-    layer: dict = {}
-    for key, (path, from_hf, _) in layer_map.items():
-      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
-    layers.append(layer)
-  if cfg.scan_layers:
-    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
-  else:
-    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
-
-  unused = sorted(k for k in state if k not in expected and k not in _NOT_PARAMS
-                  and not k.startswith(DISCRIMINATOR_HEAD))
-  if unused:
-    logging.warning('%s: ignored %d tensors that are not part of ElectraForMaskedLM: %s',
-                    source, len(unused), unused[:8])
+  params['encoder'] = bert_state_map.encoder_from_hf(state, cfg)
+  bert_state_map.warn_unused(state, set(expected) | set(_NOT_PARAMS) | set(discriminator),
+                             source, 'ElectraForMaskedLM')
   return params

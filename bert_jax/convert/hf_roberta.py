@@ -34,8 +34,8 @@ ENCODER_PREFIX = 'roberta.'
 _NOT_PARAMS = ('embeddings.position_ids', 'embeddings.token_type_ids', 'lm_head.decoder.weight',
                'lm_head.decoder.bias')
 # bert_state_map.py's BERT maps and tree helpers: RoBERTa's encoder is BERT's, tensor for tensor.
-_layer_map, _bert_top_map, _linear, _get, _set, _layer_tree = (  # pylint: disable=protected-access
-    bert_state_map._layer_map, bert_state_map._top_map, bert_state_map._linear, bert_state_map._get, bert_state_map._set, bert_state_map._layer_tree)
+_bert_top_map, _linear, _set = (  # pylint: disable=protected-access
+    bert_state_map._top_map, bert_state_map._linear, bert_state_map._set)
 
 
 def _same(x):
@@ -161,16 +161,8 @@ def _hf_name(key: str, prefix: str) -> str:
 def _to_hf_tree(params, cfg: BertConfig, prefix: str) -> dict:
   """Our tree -> HF-keyed, HF-shaped tensors; groups the tree lacks (a head model's MLM head,
   the pooler of all but multiple choice) are not written."""
-  out = {}
-  for key, (path, _, to_hf) in _top_map().items():
-    if path[0] in params:
-      out[_hf_name(key, prefix)] = to_hf(_get(params, path))
-  layer_map = _layer_map(cfg)
-  for i in range(cfg.num_layers):
-    layer = _layer_tree(params, cfg, i)
-    for key, (path, _, to_hf) in layer_map.items():
-      out[f'{prefix}encoder.layer.{i}.{key}'] = to_hf(_get(layer, path))
-  return out
+  return bert_state_map.to_hf_tree(params, cfg, _top_map(), prefix,
+                                   lambda k: _hf_name(k, prefix))
 
 
 def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
@@ -187,12 +179,16 @@ def _canonical(key: str) -> str:
 
 def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
   """HF tensor shapes implied by `cfg` (pooler included), computed abstractly."""
-  def tree():
-    params = dict(init_params(cfg, jax.random.key(0)))
-    params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
-                        'bias': np.zeros((cfg.hidden_size,), np.float32)}
-    return _to_hf_tree(params, cfg, '')
-  return {k: tuple(v.shape) for k, v in jax.eval_shape(tree).items()}
+  return bert_state_map.expected_shapes(lambda: _with_pooler(cfg),
+                                        lambda p: _to_hf_tree(p, cfg, ''))
+
+
+def _with_pooler(cfg: BertConfig) -> dict:
+  """init_params' tree with a pooler (which RoBERTa's MLM model lacks), for its shapes."""
+  params = dict(init_params(cfg, jax.random.key(0)))
+  params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
+                      'bias': np.zeros((cfg.hidden_size,), np.float32)}
+  return params
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
@@ -204,19 +200,9 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   """
   state = {_canonical(k): np.asarray(v) for k, v in state.items()}
   expected = _expected_shapes(cfg)
-  for key, shape in expected.items():
-    if key in state and tuple(state[key].shape) != shape:
-      raise CheckpointError(f'{source}: tensor {key} has shape {tuple(state[key].shape)}, '
-                               f'but config.json implies {shape}')
-  layer_map = _layer_map(cfg)
   top = _top_map()
-  encoder_keys = ([k for k in top if k.startswith('embeddings.')] +
-                  [f'encoder.layer.{i}.{k}' for i in range(cfg.num_layers) for k in layer_map])
-  missing = [k for k in encoder_keys if k not in state]
-  if missing:
-    raise CheckpointError(
-        f'{source}: {len(missing)} encoder tensors are missing, e.g. {missing[:3]}; it is not '
-        'a complete RoBERTa of this config.json')
+  bert_state_map.check_state(state, expected, [k for k in top if k.startswith('embeddings.')],
+                             cfg, source, 'RoBERTa')
 
   params: dict = {}
   fresh_heads = []
@@ -234,19 +220,7 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   if 'pooler' in params and len(params['pooler']) != 2:
     raise CheckpointError(f'{source}: pooler.dense.weight and .bias must come together')
 
-  layers = []
-  for i in range(cfg.num_layers):
-    layer: dict = {}
-    for key, (path, from_hf, _) in layer_map.items():
-      _set(layer, path, from_hf(state[f'encoder.layer.{i}.{key}'].astype(np.float32)))
-    layers.append(layer)
-  if cfg.scan_layers:
-    params['encoder'] = {'layers': jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
-  else:
-    params['encoder'] = {f'layer_{i}': layer for i, layer in enumerate(layers)}
-
-  unused = sorted(k for k in state if k not in expected and k not in _NOT_PARAMS)
-  if unused:
-    logging.warning('%s: ignored %d tensors that are not part of RobertaForMaskedLM: %s',
-                    source, len(unused), unused[:8])
+  params['encoder'] = bert_state_map.encoder_from_hf(state, cfg)
+  bert_state_map.warn_unused(state, set(expected) | set(_NOT_PARAMS), source,
+                             'RobertaForMaskedLM')
   return params
