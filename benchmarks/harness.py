@@ -345,3 +345,17 @@ def demo_mr(init: str, workdir: str, seeds: int, recipe: str = 'mr', **overrides
   from configs import common, demo as recipes  # pylint: disable=g-import-not-at-top
   config = common.override(recipes.RECIPES[recipe](init, seeds), overrides)
   return results.split_headline(finetune.run_or_reuse(config, workdir), 'test')
+
+
+def compare_arms(arm: dict, baseline: dict, what: str) -> dict:
+  """Two arms' seed results ({median, min, max}): the gap of the medians, and whether their
+  seed ranges are apart ('<what> pays' / 'costs, beyond the seed spread', else 'within')."""
+  if arm['min'] > baseline['max']:
+    verdict = f'{what} pays, beyond the seed spread'
+  elif arm['max'] < baseline['min']:
+    verdict = f'{what} costs, beyond the seed spread'
+  else:
+    verdict = 'within the seed spread'
+  return {'gap': arm['median'] - baseline['median'],
+          'beyond_spread': arm['min'] > baseline['max'] or arm['max'] < baseline['min'],
+          'margin': arm['min'] - baseline['max'], 'verdict': verdict}

@@ -42,19 +42,6 @@ flags.DEFINE_integer('seeds', 3, 'Seeds per arm (0 .. N-1).')
 flags.DEFINE_float('finetune_lr', 1e-4, 'Peak fine-tuning learning rate of both arms.')
 
 
-def compare(pretrained: dict, random_init: dict) -> dict:
-  """The gap of the medians and whether the arms' seed ranges are apart."""
-  if pretrained['min'] > random_init['max']:
-    verdict = 'pre-training pays, beyond the seed spread'
-  elif pretrained['max'] < random_init['min']:
-    verdict = 'pre-training costs, beyond the seed spread'
-  else:
-    verdict = 'within the seed spread'
-  return {'gap': pretrained['median'] - random_init['median'],
-          'beyond_spread': pretrained['min'] > random_init['max'],
-          'margin': pretrained['min'] - random_init['max'], 'verdict': verdict}
-
-
 def main(argv):
   from benchmarks import harness  # pylint: disable=g-import-not-at-top
   del argv
@@ -72,7 +59,7 @@ def main(argv):
     arms[name] = harness.demo_mr(point, fs.join(workdir, name), FLAGS.seeds, **lr)
     arms[name]['minutes'] = round((time.time() - t) / 60, 2)
   result = {'init': init, 'seeds': FLAGS.seeds, 'learning_rate': FLAGS.finetune_lr, **arms,
-            **compare(arms['pretrained'], arms['random_init']),
+            **harness.compare_arms(arms['pretrained'], arms['random_init'], 'pre-training'),
             'minutes': round((time.time() - start) / 60, 2)}
   fs.write_text(fs.join(workdir, 'pretraining_pays.json'), json.dumps(result, indent=2))
   print('| start point | ' + ' | '.join(f'seed {s}' for s in range(FLAGS.seeds)) +
