@@ -71,12 +71,14 @@ def test_hbm_table():
 
 def test_modern_base_at_8192_tokens_compiles_for_one_v5e_chip_and_reports_its_memory():
   """ModernBERT-base's phase 2 as configured (attention_impl=auto: splash on TPU), one
-  8,192-token row on a one-chip topology, fits v5e's 16 GiB; with its compiled cost."""
+  8,192-token row on a one-chip topology, fits v5e's 16 GiB; with its compiled cost. Four of
+  its 22 layers (global, local, local, global), which compile in a seventh of the time; the
+  whole model's figure is benchmarks/aot_per_chip.py's (RESULTS.md, "What fits a TPU chip")."""
   result = run_aot('--config=configs/modern.py:base,phase2', '--topology=v5e:1x1',
-                   '--rows_per_chip=1')
+                   '--rows_per_chip=1', '--config.model.num_layers=4')
   assert result['objective'] == 'pretraining (none)' and result['seq_len'] == 8192
   assert result['chips'] == 1 and result['attention_impl'] == 'auto'
-  assert result['fits'] and 5 < result['per_chip_gib'] < 16, result
+  assert result['fits'] and 1 < result['per_chip_gib'] < 16, result
   assert result['compiled_tflops'] > 0 and result['roofline_ms_estimate'] > 0
 
 

@@ -484,10 +484,12 @@ def test_squad_with_a_tokenizer_json_equals_hf_run_qa(layouts, name):
 
 def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, tmp_path):
   """A ModernBERT directory holding only a byte-level BPE tokenizer.json: data made with
-  its tokenizer (create_pretraining_data --tokenizer=DIR), `python -m bert_jax.main` with train.init_from=DIR and data.tokenizer=DIR
-  (dynamic whole-word masking with the tokenizer's own <mask>), exported back to
-  ModernBertForMaskedLM + AutoTokenizer with our ids. Guards: model.vocab_size smaller than
-  the tokenizer, and a data tokenizer that is not the start point's, are refused by name."""
+  its tokenizer (create_pretraining_data --tokenizer=DIR), configs/modern.py trained with
+  train.init_from=DIR and data.tokenizer=DIR (dynamic whole-word masking with the tokenizer's
+  own <mask>; what `python -m bert_jax.main` runs, in process), exported back to
+  ModernBertForMaskedLM + AutoTokenizer with our ids and the release's special ids. Guards:
+  model.vocab_size smaller than the tokenizer, and a data tokenizer that is not the start
+  point's, are refused by name."""
   from bert_jax.convert.workdir import export_workdir  # pylint: disable=g-import-not-at-top
   from bert_jax.pretrain import run as train  # pylint: disable=g-import-not-at-top
   from configs import modern  # pylint: disable=g-import-not-at-top
@@ -507,12 +509,11 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
            'train.num_steps': 2, 'train.eval_every': 2, 'train.eval_steps': 1,
            'train.global_batch_size': 8, 'train.log_every': 1}
   workdir = tmp_path / 'continued'
-  out = subprocess.run(
-      [sys.executable, '-m', 'bert_jax.main', '--config=configs/modern.py:tiny',
-       f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in flags.items()],
-      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
-      text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
+  config = modern.get_config('tiny')
+  for key, value in flags.items():
+    section, field = key.split('.')
+    config[section][field] = value
+  train.train_and_evaluate(config, str(workdir))
   logged = [json.loads(line) for line in open(workdir / 'metrics.jsonl')]
   assert np.isfinite(next(r['eval/mlm_loss'] for r in logged if 'eval/mlm_loss' in r))
   export = export_workdir(str(workdir), str(tmp_path / 'export'))
@@ -529,10 +530,6 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
   assert type(model).__name__ == 'ModernBertForMaskedLM'
   assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
 
-  config = modern.get_config('tiny')
-  for key, value in flags.items():
-    section, field = key.split('.')
-    config[section][field] = value
   config.model.vocab_size = 512  # fewer rows than the tokenizer's ids
   with pytest.raises(ValueError, match=r'data.tokenizer=.* has 605 tokens .* model.vocab_size '
                                        r'is 512'):

@@ -1,6 +1,12 @@
-"""The one training loop (bert_jax/training/loop.py) under both objectives, as users run them:
-a SIGTERM (preemption notice) saves and exits 0, a `kill -9` loses only the steps since the
-last checkpoint, and the resumed runs log exactly the losses of an uninterrupted run."""
+"""The one training loop (bert_jax/training/loop.py) as users run it: a SIGTERM (preemption
+notice) saves and exits 0, a `kill -9` loses only the steps since the last checkpoint, and the
+resumed runs log exactly the losses of an uninterrupted run.
+
+Run here through fine-tuning (`python -m bert_jax.finetune`, whose checkpoints also carry the
+epoch's batch order). Pre-training goes through the same loop and is tested the same way on
+its own paths: kill -9 then resume on a gs:// workdir (test_gcs), SIGTERM on either host of a
+two-process pod then resume bit for bit (test_pod), a maintenance event (test_maintenance),
+a rerun from a checkpoint under batch-size warmup (test_batch_warmup)."""
 
 import json
 import os
@@ -12,18 +18,9 @@ import time
 import pytest
 
 from test_finetune import classification_files, start_dir  # noqa: F401  (a fixture)
-from test_train import overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
-
-
-def pretraining(workdir, data, start, tmp_path):
-  del start, tmp_path
-  values = overrides(data, steps=30)  # checkpoints every 5 steps
-  return ([sys.executable, '-m', 'bert_jax.main', '--config=configs/bert_tiny.py',
-           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in values.items()],
-          os.path.join(workdir, 'metrics.jsonl'), 30)
 
 
 def fine_tuning(workdir, data, start, tmp_path):
@@ -66,7 +63,7 @@ def run_until(cmd, metrics: str, step: int, sig: int) -> int:
   return status
 
 
-@pytest.mark.parametrize('objective', [pretraining, fine_tuning])
+@pytest.mark.parametrize('objective', [fine_tuning])
 def test_sigterm_then_kill_9_then_resume_logs_the_uninterrupted_losses(
     objective, data, start_dir, tmp_path):  # noqa: F811
   whole_cmd, whole_metrics, last = objective(str(tmp_path / 'whole'), data, start_dir, tmp_path)
