@@ -222,12 +222,13 @@ def test_fill_mask_loads_the_export_quietly_and_checks_what_it_left_out(hf_dir, 
 
 
 def test_pretraining_pays_verdict():
-  from benchmarks import pretraining_pays  # pylint: disable=g-import-not-at-top
+  from benchmarks import harness  # pylint: disable=g-import-not-at-top
   arm = lambda lo, mid, hi: {'min': lo, 'median': mid, 'max': hi}
-  pays = pretraining_pays.compare(arm(0.80, 0.81, 0.82), arm(0.70, 0.75, 0.79))
+  compare = lambda a, b: harness.compare_arms(a, b, 'pre-training')
+  pays = compare(arm(0.80, 0.81, 0.82), arm(0.70, 0.75, 0.79))
   assert pays['beyond_spread'] and pays['gap'] == pytest.approx(0.06)
   assert pays['verdict'] == 'pre-training pays, beyond the seed spread'
-  costs = pretraining_pays.compare(arm(0.740, 0.740, 0.747), arm(0.774, 0.776, 0.782))
-  assert not costs['beyond_spread'] and costs['verdict'].startswith('pre-training costs')
-  assert pretraining_pays.compare(arm(0.7, 0.75, 0.8), arm(0.72, 0.74, 0.76))['verdict'] == (
+  costs = compare(arm(0.740, 0.740, 0.747), arm(0.774, 0.776, 0.782))
+  assert costs['beyond_spread'] and costs['verdict'].startswith('pre-training costs')
+  assert compare(arm(0.7, 0.75, 0.8), arm(0.72, 0.74, 0.76))['verdict'] == (
       'within the seed spread')

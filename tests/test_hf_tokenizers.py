@@ -507,7 +507,7 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
            'data.whole_word_masking': True, 'data.shuffle_buffer': 100,
            'model.vocab_size': 768, 'model.num_layers': 2, 'model.local_window': 16,
            'train.num_steps': 2, 'train.eval_every': 2, 'train.eval_steps': 1,
-           'train.global_batch_size': 8, 'train.log_every': 1}
+           'train.global_batch_size': 8, 'train.log_every': 1, 'train.batch_warmup_steps': 0}
   workdir = tmp_path / 'continued'
   config = modern.get_config('tiny')
   for key, value in flags.items():
