@@ -158,3 +158,33 @@ def warn_unused(state: dict, known, source: str, model_class: str) -> None:
   if unused:
     logging.warning('%s: ignored %d tensors that are not part of %s: %s', source, len(unused),
                     model_class, unused[:8])
+
+
+def config_fields(cfg: BertConfig) -> dict:
+  """The config.json fields BERT, RoBERTa and ELECTRA spell alike (the architecture, its
+  sizes, dropouts, initialiser and norm eps); each family adds its own."""
+  return {
+      'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.hidden_size,
+      'num_hidden_layers': cfg.num_layers,
+      'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.intermediate_size,
+      'hidden_act': ACT_TO_HF[cfg.hidden_act],
+      'hidden_dropout_prob': cfg.hidden_dropout,
+      'attention_probs_dropout_prob': cfg.attention_dropout,
+      'max_position_embeddings': cfg.max_position_embeddings,
+      'type_vocab_size': cfg.type_vocab_size,
+      'initializer_range': cfg.initializer_range,
+      'layer_norm_eps': cfg.layer_norm_eps,
+  }
+
+
+def float32_state(params, to_tree: Callable[[dict], dict]) -> dict:
+  """`to_tree(params)` as float32, contiguous numpy: the state dict safetensors writes."""
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), dict(params))
+  return {k: np.ascontiguousarray(v) for k, v in to_tree(params).items()}
+
+
+def strip_prefix(key: str, prefix: str) -> str:
+  """An HF key without the encoder's prefix (`roberta.`, `electra.`: a bare model has none)."""
+  return key[len(prefix):] if key.startswith(prefix) else key

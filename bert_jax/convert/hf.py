@@ -39,7 +39,7 @@ CheckpointError = hf_modern.CheckpointError
 # The BERT layout's key maps (shared with hf_roberta.py, which hf.py dispatches to).
 from bert_jax.convert import bert_state_map  # noqa: E402  pylint: disable=g-import-not-at-top
 from bert_jax.convert.bert_state_map import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    ACT_FROM_HF, ACT_TO_HF, _get, _set, _top_map)
+    ACT_FROM_HF, _get, _set, _top_map)
 
 
 def _roberta():
@@ -61,18 +61,7 @@ def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
   return {
       'architectures': ['BertForPreTraining'],
       'model_type': 'bert',
-      'vocab_size': cfg.vocab_size,
-      'hidden_size': cfg.hidden_size,
-      'num_hidden_layers': cfg.num_layers,
-      'num_attention_heads': cfg.num_heads,
-      'intermediate_size': cfg.intermediate_size,
-      'hidden_act': ACT_TO_HF[cfg.hidden_act],
-      'hidden_dropout_prob': cfg.hidden_dropout,
-      'attention_probs_dropout_prob': cfg.attention_dropout,
-      'max_position_embeddings': cfg.max_position_embeddings,
-      'type_vocab_size': cfg.type_vocab_size,
-      'initializer_range': cfg.initializer_range,
-      'layer_norm_eps': cfg.layer_norm_eps,
+      **bert_state_map.config_fields(cfg),
       'pad_token_id': 0,
       'position_embedding_type': 'absolute',
       'tie_word_embeddings': True,
@@ -174,8 +163,7 @@ def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
     return _roberta().params_to_hf(params, cfg, 'roberta.' if prefix == 'bert.' else prefix)
   if cfg.is_electra:
     return _electra().params_to_hf(params, cfg, 'electra.' if prefix == 'bert.' else prefix)
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
+  return bert_state_map.float32_state(params, lambda p: _to_hf_tree(p, cfg, prefix))
 
 
 def _expected_hf_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:

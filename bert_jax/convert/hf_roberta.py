@@ -91,18 +91,7 @@ def config_to_hf(cfg: BertConfig, architecture_name: str | None = None) -> dict[
   return {
       'architectures': [architecture_name or architecture(cfg)],
       'model_type': cfg.arch,
-      'vocab_size': cfg.vocab_size,
-      'hidden_size': cfg.hidden_size,
-      'num_hidden_layers': cfg.num_layers,
-      'num_attention_heads': cfg.num_heads,
-      'intermediate_size': cfg.intermediate_size,
-      'hidden_act': 'gelu',
-      'hidden_dropout_prob': cfg.hidden_dropout,
-      'attention_probs_dropout_prob': cfg.attention_dropout,
-      'max_position_embeddings': cfg.max_position_embeddings,
-      'type_vocab_size': cfg.type_vocab_size,
-      'initializer_range': cfg.initializer_range,
-      'layer_norm_eps': cfg.layer_norm_eps,
+      **bert_state_map.config_fields(cfg),
       # HF derives the position offset from pad_token_id; bos/eos are the tokenizer's (RoBERTa's
       # and XLM-R's <s> and </s>) and change no number.
       'pad_token_id': cfg.position_offset - 1,
@@ -168,13 +157,12 @@ def _to_hf_tree(params, cfg: BertConfig, prefix: str) -> dict:
 def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
   """Our tree -> `(XLM)RobertaForMaskedLM` state dict (float32 numpy, no tied decoder)."""
   check_exportable(cfg)
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), dict(params))
-  return {k: np.ascontiguousarray(v) for k, v in _to_hf_tree(params, cfg, prefix).items()}
+  return bert_state_map.float32_state(params, lambda p: _to_hf_tree(p, cfg, prefix))
 
 
 def _canonical(key: str) -> str:
   """No `roberta.` prefix (a bare `RobertaModel` has none)."""
-  return key[len(ENCODER_PREFIX):] if key.startswith(ENCODER_PREFIX) else key
+  return bert_state_map.strip_prefix(key, ENCODER_PREFIX)
 
 
 def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
