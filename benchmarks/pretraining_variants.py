@@ -72,7 +72,7 @@ def copy_data(source: str, workdir: str) -> None:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from bert_jax.convert.workdir import export_workdir  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert.run_export import export_workdir  # pylint: disable=g-import-not-at-top
   from bert_jax.pretrain import run as train
   from configs import common
   opts = parse_variant(FLAGS.variant)

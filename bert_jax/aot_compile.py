@@ -214,10 +214,11 @@ def _finetuning_setup(config, devices, num_labels: int | None):
   compiled step: 1,000 steps)."""
   # pylint: disable=g-import-not-at-top
   from bert_jax.convert import loaders
-  from bert_jax.finetune import program, run as finetune_run, tasks
+  from bert_jax.finetune import program, tasks
+  from bert_jax.training import run_setup
   if not config.init:
     raise ValueError('a fine-tuning config needs --config.init=<start point> (its config.json '
                      'or bert_config.json is read for the model shapes, not its weights)')
-  cfg = loaders.model_config_of(config.init).replace(**finetune_run.model_overrides(config))
+  cfg = run_setup.model_config(config, loaders.model_config_of(config.init))
   kind, head = tasks.head_without_data(config, num_labels)
   return program.setup_for(config, cfg, head, kind, 1000, devices)

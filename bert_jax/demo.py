@@ -223,7 +223,7 @@ def main(argv):
   paths = demo_corpus.prepare_data(workdir, DATA, FLAGS.dupe_factor, FLAGS.corpus, FLAGS.pack,
                                    say=_say)
 
-  from bert_jax.convert.workdir import export_workdir
+  from bert_jax.convert.run_export import export_workdir
   from bert_jax.pretrain import run as train
   config = pretraining_config(paths, FLAGS.pack)
   config.train.log_every = 1  # the loss curve starts at step 1 (smoothed in the plot)

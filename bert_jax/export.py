@@ -8,14 +8,14 @@ Reads the run's config from `workdir/config.json` (written when training starts)
 of the latest (or given) checkpoint whatever mesh or optimizer wrote them, and the tokenizer
 named by `data.vocab_file`, `data.spm_model` or `data.tokenizer`, so
 `pipeline("fill-mask", model=DIR)` works.
-The work is `bert_jax.convert.workdir.export_workdir`; this module is its command line.
+The work is `bert_jax.convert.run_export.export_workdir`; this module is its command line.
 """
 
 from __future__ import annotations
 
 from absl import app, flags
 
-from bert_jax.convert.workdir import export_workdir
+from bert_jax.convert.run_export import export_workdir
 
 
 FLAGS = flags.FLAGS

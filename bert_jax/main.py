@@ -43,7 +43,7 @@ def main(argv):
 
 def run_mode(config) -> dict:
   # pylint: disable=g-import-not-at-top
-  from bert_jax.convert.workdir import export_workdir
+  from bert_jax.convert.run_export import export_workdir
   from bert_jax.pretrain import run as train
   if FLAGS.mode == 'train':
     if not config.data.train_files:

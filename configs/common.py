@@ -7,8 +7,6 @@ tokens, 80 predictions, 10% of the steps, initialised from phase1's params.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from bert_jax.training import sharding
-
 
 def base_config() -> ml_collections.ConfigDict:
   """A pre-training run: the shared blocks plus pre-training's data and checkpoint fields."""
@@ -16,7 +14,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.model = model_block()
-  c.model.size = 'base'  # tiny | mini | small | medium | base | large (encoder.PRESETS)
+  # tiny | mini | small | medium | base | large | modernbert-base | modernbert-large
+  # (encoder.PRESETS), or init_from: train.init_from's own shape (any released checkpoint)
+  c.model.size = 'base'
   c.model.vocab_size = 30522  # must equal the tokenizer's
   c.model.hidden_act = 'gelu'  # exact erf GELU (HF "gelu"); gelu_tanh = the original TF code
   c.model.num_layers = 0  # 0: the size's depth; N: the size's width with N layers
@@ -38,6 +38,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.local_rope_theta = placeholder(float)
   c.model.intermediate_size = 0  # 0: the size's (a GLU on a BERT size: same parameters)
   c.model.embedding_size = 0  # 0: the size's (hidden_size); narrower: arch electra only
+  # Shape fields beside the size (None: the size's or the family's). `model.size=init_from`
+  # fills them all (and arch, vocab_size, the switches) from train.init_from's checkpoint when
+  # the run starts, so any released encoder continues in its own shape; the workdir's
+  # config.json keeps them.
+  c.model.hidden_size = placeholder(int)
+  c.model.num_heads = placeholder(int)
+  c.model.max_position_embeddings = placeholder(int)
+  c.model.type_vocab_size = placeholder(int)
+  c.model.position_offset = placeholder(int)  # RoBERTa's 2
+  c.model.layer_norm_eps = placeholder(float)
+  c.model.initializer_range = placeholder(float)
+  c.model.classifier_pooling = placeholder(str)  # ModernBERT's heads: cls | mean
   # MLM loss in chunks of this many masked positions a row under jax.checkpoint, so the
   # [rows, predictions, vocab] float32 logits are never whole (bert_jax/pretrain/mlm_loss.py):
   # the same loss and gradients, one more decoder matmul in the backward. 0 = off.
@@ -152,7 +164,8 @@ def train_block(*, global_batch_size: int, log_every: int) -> ml_collections.Con
 
 def add_parallelism(c: ml_collections.ConfigDict) -> None:
   c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-  c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes (training/sharding.py)
+  # ((logical axis, mesh axes), ...); empty: bert_jax/training/sharding.py's DEFAULT_RULES
+  c.sharding_rules = ()
 
 
 def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int) -> None:

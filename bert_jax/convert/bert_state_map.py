@@ -1,6 +1,6 @@
 """BERT's HF state-dict layout as key maps: which of our params each `bert.*` (or `roberta.*`)
-tensor is, and how it is transposed, and the activation names. One place read by
-bert_jax/convert/hf.py (BERT), hf_roberta.py (RoBERTa and XLM-R, the same layers under
+tensor is, and how it is transposed, and the activation names. One place read by the
+BERT-layout converters, hf_bert.py, hf_roberta.py (RoBERTa and XLM-R, the same layers under
 another prefix) and hf_electra.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from bert_jax.convert.hf_modern import CheckpointError
-from bert_jax.model.encoder import BertConfig
+from bert_jax.convert.hf_base import BERT_LAYOUT_FIELDS, CheckpointError
+from bert_jax.model.encoder import BertConfig, init_params
 
 Array = np.ndarray
 
@@ -162,21 +162,19 @@ def warn_unused(state: dict, known, source: str, model_class: str) -> None:
 
 def config_fields(cfg: BertConfig) -> dict:
   """The config.json fields BERT, RoBERTa and ELECTRA spell alike (the architecture, its
-  sizes, dropouts, initialiser and norm eps); each family adds its own."""
-  return {
-      'vocab_size': cfg.vocab_size,
-      'hidden_size': cfg.hidden_size,
-      'num_hidden_layers': cfg.num_layers,
-      'num_attention_heads': cfg.num_heads,
-      'intermediate_size': cfg.intermediate_size,
-      'hidden_act': ACT_TO_HF[cfg.hidden_act],
-      'hidden_dropout_prob': cfg.hidden_dropout,
-      'attention_probs_dropout_prob': cfg.attention_dropout,
-      'max_position_embeddings': cfg.max_position_embeddings,
-      'type_vocab_size': cfg.type_vocab_size,
-      'initializer_range': cfg.initializer_range,
-      'layer_norm_eps': cfg.layer_norm_eps,
-  }
+  sizes, dropouts, initialiser and norm eps: hf_base.BERT_LAYOUT_FIELDS); each family adds its
+  own."""
+  fields = {key: getattr(cfg, ours) for key, (ours, _) in BERT_LAYOUT_FIELDS.items()}
+  return {**fields, 'hidden_act': ACT_TO_HF[cfg.hidden_act]}
+
+
+def with_pooler(cfg: BertConfig) -> dict:
+  """init_params' tree with a pooler (which an MLM model without a sentence head lacks: a
+  RoBERTa's, an ELECTRA's), for the shapes of a checkpoint that may carry one."""
+  params = dict(init_params(cfg, jax.random.key(0)))
+  params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
+                      'bias': np.zeros((cfg.hidden_size,), np.float32)}
+  return params
 
 
 def float32_state(params, to_tree: Callable[[dict], dict]) -> dict:

@@ -1,21 +1,21 @@
-"""Flax parameters <-> HuggingFace `BertForPreTraining` directories (and, through
-hf_modern.py, `ModernBertForMaskedLM` ones, through hf_roberta.py `(XLM)RobertaForMaskedLM`
-ones, through hf_electra.py `ElectraForMaskedLM` / `ElectraForPreTraining` ones: `model_type`
-or `cfg.arch` picks).
+"""Flax parameters <-> HuggingFace model directories of every registered encoder family:
+`BertForPreTraining` (hf_bert.py), `(XLM)RobertaForMaskedLM` (hf_roberta.py),
+`ElectraForMaskedLM` / `ElectraForPreTraining` (hf_electra.py), `ModernBertForMaskedLM`
+(hf_modern.py), or any family registered with hf_base.register. A directory's config.json
+`model_type` picks the converter when reading, the model's `arch` when writing.
 
 `save_pretrained` writes `config.json` + `model.safetensors` (+ tokenizer files) with numpy
 only, so exporting needs no torch. `load_pretrained` reads safetensors (single or sharded)
 or, through `torch.load(weights_only=True)`, a legacy `pytorch_model.bin`.
 
 HF's Linear weights are [out, in], the transpose of Flax kernels; attention projections are
-additionally split into [heads, head_dim]. The MLM decoder is tied to the word embeddings and
-its bias to `cls.predictions.bias`, so neither tied copy is written.
+additionally split into [heads, head_dim]. MLM decoders are tied to the word embeddings, so no
+tied copy is written.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,8 +23,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf_modern
-from bert_jax.model.encoder import ROBERTA_ARCHS, BertConfig, init_params
+# The built-in families' converters register themselves on import (hf_base's registry).
+from bert_jax.convert import hf_bert, hf_electra, hf_modern, hf_roberta  # noqa: F401
+from bert_jax.convert import hf_base
+from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
 
 Array = np.ndarray
@@ -33,40 +35,23 @@ StateDict = dict[str, Array]
 HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
                'nsp': ('nsp',), 'pooler': ('pooler',)}
 
-
-# A directory that is not a loadable BERT or ModernBERT checkpoint (one type for both).
-CheckpointError = hf_modern.CheckpointError
-# The BERT layout's key maps (shared with hf_roberta.py, which hf.py dispatches to).
-from bert_jax.convert import bert_state_map  # noqa: E402  pylint: disable=g-import-not-at-top
-from bert_jax.convert.bert_state_map import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    ACT_FROM_HF, _get, _set, _top_map)
-
-
-def _roberta():
-  """hf_roberta.py, which builds on this module's maps (so it cannot be imported at the top)."""
-  from bert_jax.convert import hf_roberta  # pylint: disable=g-import-not-at-top
-  return hf_roberta
-
-
-def _electra():
-  """hf_electra.py (imported when needed, as hf_roberta.py is)."""
-  from bert_jax.convert import hf_electra  # pylint: disable=g-import-not-at-top
-  return hf_electra
+# A directory that is not a loadable checkpoint of a known family (one type for all).
+CheckpointError = hf_base.CheckpointError
 
 
 # ----------------------------------------------------------------------------- configs
 
 
-def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
-  return {
-      'architectures': ['BertForPreTraining'],
-      'model_type': 'bert',
-      **bert_state_map.config_fields(cfg),
-      'pad_token_id': 0,
-      'position_embedding_type': 'absolute',
-      'tie_word_embeddings': True,
-      'torch_dtype': 'float32',
-  }
+def converter(cfg: BertConfig) -> hf_base.Converter:
+  """The HF side of `cfg`'s family."""
+  return hf_base.for_arch(cfg.arch)
+
+
+def config_to_hf(cfg: BertConfig, architecture: str | None = None) -> dict[str, Any]:
+  """The MLM export's config.json of any family (BertForPreTraining, ModernBertForMaskedLM,
+  (XLM)RobertaForMaskedLM, ElectraForMaskedLM, ...), or of `architecture`."""
+  conv = converter(cfg)
+  return conv.config_to_hf(cfg, architecture) if architecture else conv.config_to_hf(cfg)
 
 
 def with_tokenizer_ids(hf_config: dict[str, Any], cfg: BertConfig, tokenizer) -> dict[str, Any]:
@@ -79,140 +64,35 @@ def with_tokenizer_ids(hf_config: dict[str, Any], cfg: BertConfig, tokenizer) ->
   ids = {'pad_token_id': tokenizer.pad_id, 'cls_token_id': tokenizer.cls_id,
          'sep_token_id': tokenizer.sep_id, 'bos_token_id': tokenizer.cls_id,
          'eos_token_id': tokenizer.sep_id}
+  own_pad = converter(cfg).tokenizer_pad_id
   for key, value in ids.items():
-    if key in hf_config and not (cfg.is_roberta and key == 'pad_token_id'):
+    if key in hf_config and (own_pad or key != 'pad_token_id'):
       hf_config[key] = value
   return hf_config
 
 
-def config_to_hf_any(cfg: BertConfig) -> dict[str, Any]:
-  """The MLM export's config.json of any arch: BertForPreTraining, ModernBertForMaskedLM,
-  (XLM)RobertaForMaskedLM or ElectraForMaskedLM."""
-  if cfg.arch == 'modern':
-    return hf_modern.config_to_hf(cfg)
-  if cfg.is_roberta:
-    return _roberta().config_to_hf(cfg)
-  if cfg.is_electra:
-    return _electra().config_to_hf(cfg)
-  return config_to_hf(cfg)
-
-
 def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertConfig:
-  model_type = hf.get('model_type')
-  if model_type == hf_modern.MODEL_TYPE:
-    return hf_modern.config_from_hf(hf, source)
-  if model_type in ROBERTA_ARCHS:
-    return _roberta().config_from_hf(hf, source)
-  if model_type == 'electra':
-    return _electra().config_from_hf(hf, source)
-  if model_type != 'bert':
-    arch = ', '.join(hf.get('architectures') or []) or 'unknown architecture'
-    raise CheckpointError(f'{source}: model_type is {model_type!r} ({arch}), not BERT; '
-                          'only BERT, ModernBERT, RoBERTa, XLM-R and ELECTRA checkpoints '
-                          '(model_type "bert", "modernbert", "roberta", "xlm-roberta" or '
-                          '"electra") can be loaded')
-  act = hf.get('hidden_act', 'gelu')
-  if act not in ACT_FROM_HF:
-    raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
-                          f'{sorted(ACT_FROM_HF)}')
-  if hf.get('position_embedding_type', 'absolute') != 'absolute':
-    raise CheckpointError(f'{source}: position_embedding_type '
-                          f'{hf["position_embedding_type"]!r}; only "absolute" is BERT')
-  try:
-    return BertConfig(
-        vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'],
-        num_layers=hf['num_hidden_layers'], num_heads=hf['num_attention_heads'],
-        intermediate_size=hf['intermediate_size'], hidden_act=ACT_FROM_HF[act],
-        hidden_dropout=hf.get('hidden_dropout_prob', 0.1),
-        attention_dropout=hf.get('attention_probs_dropout_prob', 0.1),
-        max_position_embeddings=hf.get('max_position_embeddings', 512),
-        type_vocab_size=hf.get('type_vocab_size', 2),
-        initializer_range=hf.get('initializer_range', 0.02),
-        layer_norm_eps=hf.get('layer_norm_eps', 1e-12))
-  except KeyError as e:
-    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+  """Our config of any registered family's config.json (its `model_type` decides)."""
+  return hf_base.for_model_type(hf, source).config_from_hf(hf, source)
 
 
 # ----------------------------------------------------------------------------- weights
 
 
-def _hf_key(key: str) -> str:
-  """Canonical spelling: no `bert.` prefix, `weight`/`bias` for legacy `gamma`/`beta`."""
-  if key.startswith('bert.'):
-    key = key[len('bert.'):]
-  if key.endswith('.gamma'):
-    key = key[:-len('.gamma')] + '.weight'
-  elif key.endswith('.beta'):
-    key = key[:-len('.beta')] + '.bias'
-  return key
-
-
-def _to_hf_tree(params, cfg: BertConfig, prefix: str = 'bert.') -> dict:
-  """Our tree -> HF-keyed, HF-shaped tensors (heads under `cls.`, the rest under `prefix`)."""
-  return bert_state_map.to_hf_tree(
-      params, cfg, _top_map(), prefix, lambda k: k if k.startswith('cls.') else prefix + k)
-
-
-def params_to_hf(params, cfg: BertConfig, prefix: str = 'bert.') -> StateDict:
-  """Our parameter tree -> HF BertForPreTraining (or ModernBertForMaskedLM, or
-  (XLM)RobertaForMaskedLM under `roberta.`, or ElectraForMaskedLM under `electra.`) state dict
-  (float32 numpy, no tied copies)."""
-  if cfg.arch == 'modern':
-    return hf_modern.params_to_hf(params, cfg)
-  if cfg.is_roberta:
-    return _roberta().params_to_hf(params, cfg, 'roberta.' if prefix == 'bert.' else prefix)
-  if cfg.is_electra:
-    return _electra().params_to_hf(params, cfg, 'electra.' if prefix == 'bert.' else prefix)
-  return bert_state_map.float32_state(params, lambda p: _to_hf_tree(p, cfg, prefix))
-
-
-def _expected_hf_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
-  """HF tensor shapes implied by `cfg`, computed abstractly (no model-sized allocation)."""
-  return bert_state_map.expected_shapes(lambda: init_params(cfg, jax.random.key(0)),
-                                        lambda p: _to_hf_tree(p, cfg, ''))
+def params_to_hf(params, cfg: BertConfig, prefix: str | None = None) -> StateDict:
+  """Our parameter tree -> the family's MLM model state dict (float32 numpy, no tied copies):
+  BertForPreTraining's under `bert.`, (XLM)RobertaForMaskedLM's under `roberta.`, ...;
+  `prefix=''` keys the encoder bare (a `BertModel` in a sentence-transformers directory)."""
+  conv = converter(cfg)
+  return conv.params_to_hf(params, cfg, conv.encoder_prefix if prefix is None else prefix)
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
                    source: str = 'checkpoint') -> dict:
-  """HF state dict -> our parameter tree.
-
-  Accepts `bert.`-prefixed or bare keys and legacy `gamma`/`beta`. Encoder weights must all be
-  present; missing heads (BertModel, sentence-transformers) are freshly initialised from `rng`
-  with a warning that names them. ModernBERT, RoBERTa and ELECTRA configs go to their modules.
-  """
-  if cfg.arch == 'modern':
-    return hf_modern.params_from_hf(state, cfg, source)
-  if cfg.is_roberta:
-    return _roberta().params_from_hf(state, cfg, rng=rng, source=source)
-  if cfg.is_electra:
-    return _electra().params_from_hf(state, cfg, rng=rng, source=source)
-  state = {_hf_key(k): np.asarray(v) for k, v in state.items()}
-  expected = _expected_hf_shapes(cfg)
-  top = _top_map()
-  bert_state_map.check_state(state, expected, [k for k in top if k.startswith('embeddings.')],
-                             cfg, source, 'BERT')
-
-  fresh = None
-  params: dict = {}
-  missing_heads = []
-  for key, (path, from_hf, _) in top.items():
-    if key in state:
-      _set(params, path, from_hf(state[key].astype(np.float32)))
-    else:
-      missing_heads.append(key)
-      if fresh is None:
-        fresh = jax.tree_util.tree_map(np.asarray, init_params(
-            cfg, rng if rng is not None else jax.random.key(0)))
-      _set(params, path, _get(fresh, path))
-  if missing_heads:
-    logging.warning('%s has no %s: initialised fresh (an encoder-only checkpoint); fine-tune or '
-                    'pre-train before using those heads.', source, ', '.join(missing_heads))
-
-  params['encoder'] = bert_state_map.encoder_from_hf(state, cfg)
-  known = set(expected) | {'cls.predictions.decoder.weight', 'cls.predictions.decoder.bias',
-                           'embeddings.position_ids'}
-  bert_state_map.warn_unused(state, known, source, 'BertForPreTraining')
-  return params
+  """HF state dict -> our parameter tree, by `cfg`'s family. Encoder weights must all be
+  present; missing heads (an encoder-only checkpoint) are initialised fresh from `rng` with a
+  warning that names them."""
+  return converter(cfg).params_from_hf(state, cfg, rng=rng, source=source)
 
 
 # ----------------------------------------------------------------------------- files
@@ -315,7 +195,7 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
 
 def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  hf_config = with_tokenizer_ids(config_to_hf_any(cfg), cfg, tokenizer)
+  hf_config = with_tokenizer_ids(config_to_hf(cfg), cfg, tokenizer)
   with open(os.path.join(directory, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})

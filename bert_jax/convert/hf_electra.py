@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import bert_state_map
-from bert_jax.convert.hf_modern import CheckpointError
+from bert_jax.convert import bert_state_map, hf_base
+from bert_jax.convert.hf_base import CheckpointError
 from bert_jax.model.encoder import BertConfig, init_params
 
 Array = np.ndarray
@@ -120,16 +120,6 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
   if hf_config.get('model_type') != MODEL_TYPE:
     raise CheckpointError(f'{source}: model_type {hf_config.get("model_type")!r} is not '
                           f'{MODEL_TYPE!r}')
-  act = hf_config.get('hidden_act', 'gelu')
-  if act not in bert_state_map.ACT_FROM_HF:
-    raise CheckpointError(f'{source}: hidden_act {act!r} is not supported; expected one of '
-                          f'{sorted(bert_state_map.ACT_FROM_HF)}')
-  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
-    raise CheckpointError(f'{source}: position_embedding_type '
-                          f'{hf_config["position_embedding_type"]!r}; only "absolute"')
-  if hf_config.get('is_decoder') or hf_config.get('add_cross_attention'):
-    raise CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal ELECTRA is '
-                          'not an encoder; only bidirectional checkpoints are supported')
   if 'ElectraForMultipleChoice' in (hf_config.get('architectures') or []):
     off = {k: hf_config.get(k, v) for k, v in SUMMARY.items() if hf_config.get(k, v) != v}
     if hf_config.get('summary_proj_to_labels'):
@@ -137,24 +127,10 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
     if off:
       raise CheckpointError(f'{source}: ElectraForMultipleChoice with {off}; only '
                             f'ElectraConfig\'s sequence summary ({SUMMARY}) is supported')
-  try:
-    hidden = hf_config['hidden_size']
-    embedding = hf_config.get('embedding_size', 128)
-    return BertConfig(
-        arch=MODEL_TYPE, vocab_size=hf_config['vocab_size'], hidden_size=hidden,
-        embedding_size=0 if embedding == hidden else embedding,
-        num_layers=hf_config['num_hidden_layers'],
-        num_heads=hf_config['num_attention_heads'],
-        intermediate_size=hf_config['intermediate_size'],
-        hidden_act=bert_state_map.ACT_FROM_HF[act],
-        hidden_dropout=hf_config.get('hidden_dropout_prob', 0.1),
-        attention_dropout=hf_config.get('attention_probs_dropout_prob', 0.1),
-        max_position_embeddings=hf_config.get('max_position_embeddings', 512),
-        type_vocab_size=hf_config.get('type_vocab_size', 2),
-        initializer_range=hf_config.get('initializer_range', 0.02),
-        layer_norm_eps=hf_config.get('layer_norm_eps', 1e-12))
-  except KeyError as e:
-    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+  embedding = hf_config.get('embedding_size', 128)
+  return hf_base.bert_layout_config(
+      hf_config, source, MODEL_TYPE, bert_state_map.ACT_FROM_HF,
+      embedding_size=0 if embedding == hf_config.get('hidden_size') else embedding)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -180,8 +156,7 @@ def _canonical(key: str) -> str:
 
 def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
   """HF tensor shapes implied by `cfg` (multiple choice's summary included), abstractly."""
-  from bert_jax.convert.hf_roberta import _with_pooler  # pylint: disable=g-import-not-at-top
-  return bert_state_map.expected_shapes(lambda: _with_pooler(cfg),
+  return bert_state_map.expected_shapes(lambda: bert_state_map.with_pooler(cfg),
                                         lambda p: _to_hf_tree(p, cfg, ''))
 
 
@@ -228,3 +203,10 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   bert_state_map.warn_unused(state, set(expected) | set(_NOT_PARAMS) | set(discriminator),
                              source, 'ElectraForMaskedLM')
   return params
+
+
+CONVERTER = hf_base.register(hf_base.Converter(
+    family=MODEL_TYPE, model_types=(MODEL_TYPE,), class_prefix='Electra',
+    encoder_prefix=ENCODER_PREFIX, pooler_prefix='sequence_summary.',
+    mlm_prefixes=_HEAD_PREFIXES, config_to_hf=config_to_hf, config_from_hf=config_from_hf,
+    params_to_hf=params_to_hf, params_from_hf=params_from_hf))

@@ -9,13 +9,14 @@ architecture, `id2label` / `label2id` and `problem_type` (multiple choice has no
 `classifier` is HF's `Linear(hidden, 1)` whatever config.json's num_labels says). The encoder
 tensors come from `hf.params_to_hf`, so they are converted exactly as a pre-training export is.
 
-`arch='modern'` models go to and from `ModernBertFor<Task>` (hf_modern.py's encoder map under
-`model.`, the MLM head's transform as `head.*`, every task's head as `classifier.*`).
-`arch='roberta'` / `'xlm-roberta'` go to and from `(XLM)RobertaFor<Task>` (hf_roberta.py's
-encoder under `roberta.`; the sequence head is `classifier.dense` + `classifier.out_proj`,
-multiple choice keeps `roberta.pooler`). `arch='electra'` goes to and from `ElectraFor<Task>`
-(hf_electra.py's encoder under `electra.`; the sequence head `ElectraClassificationHead` is
-`classifier.dense` + `classifier.out_proj`, multiple choice's summary `sequence_summary.summary`).
+Every family goes to and from its own `<class prefix>For<Task>` through its converter
+(hf_base.Converter: class and state-dict prefixes) and its head style (model/families.py):
+ModernBERT's `ModernBertFor<Task>` (the encoder under `model.`, the MLM head's transform as
+`head.*`, every task's head as `classifier.*`); RoBERTa's and XLM-R's `(XLM)RobertaFor<Task>`
+(the encoder under `roberta.`; the sequence head is `classifier.dense` + `classifier.out_proj`,
+multiple choice keeps `roberta.pooler`); ELECTRA's `ElectraFor<Task>` (the encoder under
+`electra.`; the sequence head `ElectraClassificationHead` is `classifier.dense` +
+`classifier.out_proj`, multiple choice's summary `sequence_summary.summary`).
 """
 
 from __future__ import annotations
@@ -29,24 +30,27 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_electra, hf_roberta
-from bert_jax.model import encoder as model, heads
+from bert_jax.convert import hf, hf_base
+from bert_jax.model import encoder as model, families, heads
 from bert_jax.model.encoder import BertConfig
 from bert_jax.model.heads import Head, MULTIPLE_CHOICE, SEQUENCE, SPAN, TOKEN, head_param
 from input_pipeline import fs
 
-ARCHITECTURES = {SEQUENCE: 'BertForSequenceClassification', TOKEN: 'BertForTokenClassification',
-                 SPAN: 'BertForQuestionAnswering', MULTIPLE_CHOICE: 'BertForMultipleChoice'}
-MODERN_ARCHITECTURES = {task: 'Modern' + name for task, name in ARCHITECTURES.items()}
-# arch -> task -> class, for the arches whose task classes are not BERT's.
-FAMILY_ARCHITECTURES = {
-    'modern': MODERN_ARCHITECTURES,
-    **{arch: {task: prefix + name[len('Bert'):] for task, name in ARCHITECTURES.items()}
-       for arch, prefix in {**hf_roberta.CLASS_PREFIX, 'electra': 'Electra'}.items()}}
+# Task -> transformers' class name after the family's prefix (`Bert`, `Roberta`, ...).
+TASK_SUFFIXES = {SEQUENCE: 'ForSequenceClassification', TOKEN: 'ForTokenClassification',
+                 SPAN: 'ForQuestionAnswering', MULTIPLE_CHOICE: 'ForMultipleChoice'}
+ARCHITECTURES = {task: 'Bert' + suffix for task, suffix in TASK_SUFFIXES.items()}
 
 
 def architecture(cfg: BertConfig, task: str) -> str:
-  return FAMILY_ARCHITECTURES.get(cfg.arch, ARCHITECTURES)[task]
+  return hf.converter(cfg).architecture(TASK_SUFFIXES[task])
+
+
+def _task_of(class_name: str) -> str | None:
+  """The task of a transformers class name of any registered family, if it names one."""
+  return next((task for task, suffix in TASK_SUFFIXES.items()
+               if class_name.endswith(suffix)
+               and class_name[:-len(suffix)] in hf_base.class_prefixes()), None)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -54,7 +58,7 @@ def architecture(cfg: BertConfig, task: str) -> str:
 
 def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
   """HF config.json of a fine-tuned model: the encoder's fields plus the head's."""
-  out = hf.config_to_hf_any(cfg)
+  out = hf.config_to_hf(cfg)
   out['architectures'] = [architecture(cfg, head.task)]
   if head.task != MULTIPLE_CHOICE:  # HF's default (LABEL_0, LABEL_1) there, as run_swag.py's
     names = head.label_names
@@ -64,21 +68,20 @@ def config_to_hf(cfg: BertConfig, head: Head) -> dict[str, Any]:
     out['problem_type'] = head.resolved_problem_type
   if head.classifier_dropout is not None:
     out['classifier_dropout'] = head.classifier_dropout
-    if cfg.is_electra and head.task == MULTIPLE_CHOICE:  # ElectraSequenceSummary's dropout
-      out['summary_last_dropout'] = head.classifier_dropout
+    if 'summary_last_dropout' in out and head.task == MULTIPLE_CHOICE:
+      out['summary_last_dropout'] = head.classifier_dropout  # ElectraSequenceSummary's
   return out
 
 
 def head_from_hf_config(hf_config: Mapping[str, Any], source: str = 'config.json') -> Head | None:
   """The Head an HF config.json describes, or None for a model without a task head."""
   archs = hf_config.get('architectures') or []
-  task = next((t for table in (ARCHITECTURES, *FAMILY_ARCHITECTURES.values())
-               for t, arch in table.items() if arch in archs), None)
+  task = next((t for t in map(_task_of, archs) if t is not None), None)
   if task is None:
     return None
   if task == MULTIPLE_CHOICE:  # one score per choice: id2label describes nothing
     dropout = hf_config.get('classifier_dropout')
-    if hf_config.get('model_type') == hf_electra.MODEL_TYPE:  # its summary's, not classifier's
+    if 'summary_last_dropout' in hf_config:  # ELECTRA's summary's, not the classifier's
       last = hf_config.get('summary_last_dropout', 0.1)
       dropout = None if last == hf_config.get('hidden_dropout_prob', 0.1) else last
     return Head(task, classifier_dropout=dropout)
@@ -107,15 +110,10 @@ def _linear_to_hf(name: str, group) -> hf.StateDict:
           f'{name}.bias': np.asarray(group['bias'], np.float32)}
 
 
-def _two_layer_sequence(arch: str, task: str) -> bool:
-  """RoBERTa's and ELECTRA's sequence head: `classifier.dense` + `classifier.out_proj`."""
-  return (arch in hf_roberta.MODEL_TYPES or arch == hf_electra.MODEL_TYPE) and task == SEQUENCE
-
-
 def head_to_hf(params, head: Head, cfg: BertConfig) -> hf.StateDict:
   """Our head group -> HF `classifier.*` / `qa_outputs.*` (Linear weights are [out, in])."""
   name = head_param(cfg, head.task)
-  if _two_layer_sequence(cfg.arch, head.task):
+  if cfg.family.own_sequence_head and head.task == SEQUENCE:
     return {**_linear_to_hf(f'{name}.dense', params[name]['dense']),
             **_linear_to_hf(f'{name}.out_proj', params[name]['out_proj'])}
   return _linear_to_hf(name, params[name])
@@ -128,8 +126,9 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
   Tensors of another size than `head` (config.json's id2label says 3 labels, the classifier
   has 5) mean an inconsistent directory: an error, not a silently fresh head.
   """
-  name = 'classifier' if arch == 'modern' else heads.HEAD_PARAM[head.task]
-  two_layer = _two_layer_sequence(arch, head.task)
+  family = families.get(arch)
+  name = 'classifier' if family.heads_on_prediction_head else heads.HEAD_PARAM[head.task]
+  two_layer = family.own_sequence_head and head.task == SEQUENCE
   linear = f'{name}.out_proj' if two_layer else name
   weight, bias = state.get(f'{linear}.weight'), state.get(f'{linear}.bias')
   if weight is None or bias is None:
@@ -138,9 +137,8 @@ def head_from_hf(state: Mapping[str, np.ndarray], head: Head, hidden_size: int,
   if tuple(weight.shape) != want or tuple(bias.shape) != want[:1]:
     fix = ('make config.json id2label (num_labels) match the tensors'
            if head.task in (SEQUENCE, TOKEN) else
-           f'every {ARCHITECTURES[head.task]} has that shape; check config.json architectures')
-    if arch in FAMILY_ARCHITECTURES:
-      fix = fix.replace(ARCHITECTURES[head.task], FAMILY_ARCHITECTURES[arch][head.task])
+           f'every {hf_base.for_arch(arch).architecture(TASK_SUFFIXES[head.task])} has that '
+           'shape; check config.json architectures')
     raise hf.CheckpointError(
         f'{source}: {linear}.weight has shape {tuple(weight.shape)} and {linear}.bias '
         f'{tuple(bias.shape)}, but {head.task} with {head.num_labels} labels needs {want}; '
@@ -192,17 +190,9 @@ def _complete_tree(params, cfg: BertConfig) -> dict:
 def finetuned_to_hf(params, cfg: BertConfig, head: Head) -> hf.StateDict:
   """A head model's params -> the HF state dict of its `(Modern)BertFor<Task>` (float32)."""
   state = hf.params_to_hf(_complete_tree(params, cfg), cfg)
-  if cfg.arch == 'modern':  # every ModernBERT task model has the encoder and `head`
-    keep = {k: v for k, v in state.items() if k.startswith(('model.', 'head.'))}
-  elif cfg.is_electra:  # the encoder, and multiple choice's summary (our pooler)
-    summary = 'pooler' in heads.encoder_groups(cfg, head)
-    keep = {k: v for k, v in state.items() if k.startswith(hf_electra.ENCODER_PREFIX)
-            or (summary and k.startswith('sequence_summary.'))}
-  else:  # the encoder, and the pooler where the task model has one
-    prefix = hf_roberta.ENCODER_PREFIX if cfg.is_roberta else 'bert.'
-    pooler = 'pooler' in heads.encoder_groups(cfg, head)
-    keep = {k: v for k, v in state.items() if k.startswith(prefix)
-            and (pooler or not k.startswith(prefix + 'pooler.'))}
+  # the encoder, what every task model of the family has (ModernBERT's `head`), and the
+  # pooler (ELECTRA's summary) where this task model has one
+  keep = hf.converter(cfg).task_tensors(state, 'pooler' in heads.encoder_groups(cfg, head))
   keep.update(head_to_hf(params, head, cfg))
   return keep
 

@@ -25,18 +25,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.model.encoder import ARCHS, BertConfig
+from bert_jax.convert import hf_base
+from bert_jax.convert.hf_base import CheckpointError
+from bert_jax.model import families
+from bert_jax.model.encoder import BertConfig, init_params
 
 Array = np.ndarray
 MODEL_TYPE = 'modernbert'
 _ACT_TO_HF = {'gelu': 'gelu', 'gelu_tanh': 'gelu_pytorch_tanh'}
 _ACT_FROM_HF = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh'}
 ENCODER_PREFIX = 'model.'
-
-
-class CheckpointError(ValueError):
-  """A directory that is not a loadable BERT or ModernBERT checkpoint; the message says why
-  and what to do (hf.CheckpointError is this class)."""
 
 
 def _with_prefix(state: Mapping[str, Array]) -> dict[str, Array]:
@@ -49,7 +47,7 @@ def _with_prefix(state: Mapping[str, Array]) -> dict[str, Array]:
 
 def check_exportable(cfg: BertConfig) -> None:
   """Only the switches transformers' ModernBERT has can be exported to it."""
-  fixed = {k: v for k, v in ARCHS['modern'].items()
+  fixed = {k: v for k, v in families.MODERN.defaults.items()
            if k in ('norm_position', 'use_bias', 'mlp', 'positions')}
   off = {k: getattr(cfg, k) for k, v in fixed.items() if getattr(cfg, k) != v}
   if cfg.arch != 'modern' or off or cfg.type_vocab_size:
@@ -176,7 +174,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> BertCo
       raise CheckpointError(f'{source}: the global rotary theta is null')
     local_theta = _theta(hf, 'sliding_attention', 'local_rope_theta', 10_000.0, source)
     return BertConfig(
-        arch='modern', **{k: v for k, v in ARCHS['modern'].items()
+        arch='modern', **{k: v for k, v in families.MODERN.defaults.items()
                           if k in ('norm_position', 'use_bias', 'mlp', 'positions')},
         type_vocab_size=0, vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'],
         num_layers=layers, num_heads=hf['num_attention_heads'],
@@ -229,11 +227,12 @@ def head_transform_to_hf(params) -> dict[str, Array]:
           'head.norm.weight': params['mlm_layer_norm']['scale']}
 
 
-def params_to_hf(params, cfg: BertConfig) -> dict[str, Array]:
-  """Our MLM tree -> `ModernBertForMaskedLM` state dict (float32 numpy, no tied decoder)."""
+def params_to_hf(params, cfg: BertConfig, prefix: str = ENCODER_PREFIX) -> dict[str, Array]:
+  """Our MLM tree -> `ModernBertForMaskedLM` state dict (float32 numpy, no tied decoder);
+  `prefix=''` keys the encoder as a bare `ModernBertModel`."""
   check_exportable(cfg)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  out = {**encoder_to_hf(params, cfg), **head_transform_to_hf(params),
+  out = {**encoder_to_hf(params, cfg, prefix), **head_transform_to_hf(params),
          'decoder.bias': params['mlm_output_bias']}
   return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
 
@@ -289,19 +288,27 @@ def head_transform_from_hf(state: Mapping[str, Array], cfg: BertConfig, source: 
           'mlm_layer_norm': {'scale': _take(dict(state), 'head.norm.weight', (h,), source)}}
 
 
-def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, source: str) -> dict:
+def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, source: str = 'checkpoint', *,
+                   rng: jax.Array | None = None) -> dict:
   """`ModernBertForMaskedLM` state dict -> our MLM tree. A checkpoint without the MLM head
-  (`ModernBertModel`) gets a fresh head transform (ones norm) and zero decoder bias."""
+  (`ModernBertModel`) gets a fresh head transform from `rng` (ones norm) and zero decoder
+  bias."""
   state = _with_prefix(state)
   params = encoder_from_hf(state, cfg, source)
   if 'head.dense.weight' in state:
     params.update(head_transform_from_hf(state, cfg, source))
   else:
-    from bert_jax.model.encoder import init_params  # pylint: disable=g-import-not-at-top
-    fresh = init_params(cfg, jax.random.key(0))
+    fresh = init_params(cfg, rng if rng is not None else jax.random.key(0))
     params['mlm_transform'] = jax.tree_util.tree_map(np.asarray, fresh['mlm_transform'])
     params['mlm_layer_norm'] = jax.tree_util.tree_map(np.asarray, fresh['mlm_layer_norm'])
   bias = state.get('decoder.bias')
   params['mlm_output_bias'] = (np.zeros((cfg.vocab_size,), np.float32) if bias is None
                                else _take(dict(state), 'decoder.bias', (cfg.vocab_size,), source))
   return params
+
+
+CONVERTER = hf_base.register(hf_base.Converter(
+    family='modern', model_types=(MODEL_TYPE,), class_prefix='ModernBert',
+    encoder_prefix=ENCODER_PREFIX, task_prefixes=('head.',), mlm_prefixes=('head.', 'decoder.'),
+    config_to_hf=config_to_hf, config_from_hf=config_from_hf, params_to_hf=params_to_hf,
+    params_from_hf=params_from_hf))

@@ -22,12 +22,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.convert import bert_state_map
-from bert_jax.convert.hf_modern import CheckpointError
-from bert_jax.model.encoder import ROBERTA_ARCHS, BertConfig, init_params
+from bert_jax.convert import bert_state_map, hf_base
+from bert_jax.convert.hf_base import CheckpointError
+from bert_jax.model.encoder import BertConfig, init_params
 
 Array = np.ndarray
-MODEL_TYPES = ROBERTA_ARCHS  # config.json model_type == our arch
+MODEL_TYPES = ('roberta', 'xlm-roberta')  # config.json model_type == our arch
 CLASS_PREFIX = {'roberta': 'Roberta', 'xlm-roberta': 'XLMRoberta'}
 ENCODER_PREFIX = 'roberta.'
 # Buffers and tied copies a checkpoint may hold that are not parameters of their own.
@@ -75,7 +75,7 @@ def check_exportable(cfg: BertConfig) -> None:
     off['hidden_act'] = cfg.hidden_act
   if cfg.position_offset < 1:
     off['position_offset'] = cfg.position_offset
-  if cfg.arch not in ROBERTA_ARCHS or off:
+  if cfg.arch not in MODEL_TYPES or off:
     raise CheckpointError(
         f'model.arch={cfg.arch!r} with {off or "these switches"} has no transformers RoBERTa '
         'class: export needs arch roberta or xlm-roberta, BERT\'s block (post-norm, biases, '
@@ -109,35 +109,15 @@ def config_from_hf(hf_config: Mapping[str, Any], source: str = 'config.json') ->
   model_type = hf_config.get('model_type')
   if model_type not in MODEL_TYPES:
     raise CheckpointError(f'{source}: model_type {model_type!r} is not one of {MODEL_TYPES}')
-  act = hf_config.get('hidden_act', 'gelu')
-  if act != 'gelu':
-    raise CheckpointError(f'{source}: hidden_act {act!r}; only "gelu" is supported for '
-                             'RoBERTa (its MLM head always uses exact GELU)')
-  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
-    raise CheckpointError(f'{source}: position_embedding_type '
-                             f'{hf_config["position_embedding_type"]!r}; only "absolute"')
-  if hf_config.get('is_decoder') or hf_config.get('add_cross_attention'):
-    raise CheckpointError(f'{source}: is_decoder / add_cross_attention: a causal RoBERTa is '
-                             'not an encoder; only bidirectional checkpoints are supported')
+  if hf_config.get('hidden_act', 'gelu') != 'gelu':
+    raise CheckpointError(f'{source}: hidden_act {hf_config["hidden_act"]!r}; only "gelu" is '
+                          'supported for RoBERTa (its MLM head always uses exact GELU)')
   pad = hf_config.get('pad_token_id', 1)
   if pad is None or pad < 0:
     raise CheckpointError(f'{source}: pad_token_id {pad!r}; RoBERTa numbers positions from '
-                             'pad_token_id + 1, so it needs one >= 0')
-  try:
-    return BertConfig(
-        arch=model_type, position_offset=pad + 1,
-        vocab_size=hf_config['vocab_size'], hidden_size=hf_config['hidden_size'],
-        num_layers=hf_config['num_hidden_layers'],
-        num_heads=hf_config['num_attention_heads'],
-        intermediate_size=hf_config['intermediate_size'], hidden_act='gelu',
-        hidden_dropout=hf_config.get('hidden_dropout_prob', 0.1),
-        attention_dropout=hf_config.get('attention_probs_dropout_prob', 0.1),
-        max_position_embeddings=hf_config.get('max_position_embeddings', 512),
-        type_vocab_size=hf_config.get('type_vocab_size', 2),
-        initializer_range=hf_config.get('initializer_range', 0.02),
-        layer_norm_eps=hf_config.get('layer_norm_eps', 1e-12))
-  except KeyError as e:
-    raise CheckpointError(f'{source}: missing field {e.args[0]!r}') from None
+                          'pad_token_id + 1, so it needs one >= 0')
+  return hf_base.bert_layout_config(hf_config, source, model_type, {'gelu': 'gelu'},
+                                    position_offset=pad + 1)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -167,16 +147,8 @@ def _canonical(key: str) -> str:
 
 def _expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
   """HF tensor shapes implied by `cfg` (pooler included), computed abstractly."""
-  return bert_state_map.expected_shapes(lambda: _with_pooler(cfg),
+  return bert_state_map.expected_shapes(lambda: bert_state_map.with_pooler(cfg),
                                         lambda p: _to_hf_tree(p, cfg, ''))
-
-
-def _with_pooler(cfg: BertConfig) -> dict:
-  """init_params' tree with a pooler (which RoBERTa's MLM model lacks), for its shapes."""
-  params = dict(init_params(cfg, jax.random.key(0)))
-  params['pooler'] = {'kernel': np.zeros((cfg.hidden_size,) * 2, np.float32),
-                      'bias': np.zeros((cfg.hidden_size,), np.float32)}
-  return params
 
 
 def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Array | None = None,
@@ -212,3 +184,11 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
   bert_state_map.warn_unused(state, set(expected) | set(_NOT_PARAMS), source,
                              'RobertaForMaskedLM')
   return params
+
+
+for _model_type in MODEL_TYPES:
+  hf_base.register(hf_base.Converter(
+      family=_model_type, model_types=(_model_type,), class_prefix=CLASS_PREFIX[_model_type],
+      encoder_prefix=ENCODER_PREFIX, pooler_prefix=ENCODER_PREFIX + 'pooler.',
+      mlm_prefixes=('lm_head.',), config_to_hf=config_to_hf, config_from_hf=config_from_hf,
+      params_to_hf=params_to_hf, params_from_hf=params_from_hf, tokenizer_pad_id=False))

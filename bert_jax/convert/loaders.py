@@ -1,5 +1,6 @@
 """What a start point is (`StartPoint`), which kind a path holds (`detect_kind`), and one
-loader per kind, each returning BertForPreTraining's params whatever the source's layout.
+loader per kind, each returning BertForPreTraining's params and the config stored with them,
+untouched (how a run computes, its layer layout, is the run's: `start_points.for_run`).
 
   - workdir: our training workdir (`checkpoints/` + `config.json`), latest or a given step;
   - hf: a HuggingFace directory (`BertForPreTraining`, `BertModel`, a sentence-transformers
@@ -88,7 +89,7 @@ def is_workdir(path: str) -> bool:
 # ----------------------------------------------------------------------------- workdir
 
 
-def _relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) -> dict:
+def relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) -> dict:
   """Encoder layers stacked (`layers`, scan) <-> one group per layer (`layer_i`); other
   encoder groups (a pre-norm model's `final_norm`) stay as they are."""
   if scanned == to_scanned:
@@ -104,28 +105,23 @@ def _relayout(params: dict, scanned: bool, num_layers: int, to_scanned: bool) ->
   return {**params, 'encoder': {**new, **rest}}
 
 
-def load_workdir(path, step, given_lower, rng, required, overrides) -> StartPoint:
+def load_workdir(path, step, given_lower, rng, required) -> StartPoint:
   del rng  # a workdir holds every pre-training head
   config = workdir.load_run_config(path)
   step, params = checkpointing.restore_params(path, step)
-  stored = model_config(config)
-  cfg = stored.replace(**overrides) if overrides else stored
-  params = _relayout(params, stored.scan_layers, cfg.num_layers, cfg.scan_layers)
   tok, lower = casing.workdir_tokenizer(config.data, path, given_lower, required)
-  return StartPoint(WORKDIR, path, cfg, params, tok, lower, step)
+  return StartPoint(WORKDIR, path, model_config(config), params, tok, lower, step)
 
 
 # ----------------------------------------------------------------------------- HF
 
 
-def load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
+def load_hf(path, step, given_lower, rng, required) -> StartPoint:
   if step is not None:
     raise ValueError(f'{path}: step={step} applies to training workdirs only')
   model_dir = _sentence_transformers_dir(path) or path
   hf_config = json.loads(fs.read_text(fs.join(model_dir, 'config.json')))
   cfg = hf.load_config(model_dir)
-  if overrides:
-    cfg = cfg.replace(**overrides)
   state = hf.read_weights(model_dir)
   head_state = {k: state.pop(k) for k in list(state)
                 if k.startswith(('classifier.', 'qa_outputs.'))}
@@ -137,7 +133,7 @@ def load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
   if head_state and head_params is None:
     logging.warning('%s: ignored %s: config.json architectures %s name no task head we know '
                     '(%s)', model_dir, sorted(head_state), hf_config.get('architectures'),
-                    sorted(hf_heads.ARCHITECTURES.values()))
+                    '<family>' + ', <family>'.join(sorted(hf_heads.TASK_SUFFIXES.values())))
   tok, lower = casing.hf_tokenizer(model_dir, given_lower, required)
   return StartPoint(HF_DIR, path, cfg, params, tok, lower, None,
                     head if head_params else None, head_params)
@@ -146,14 +142,12 @@ def load_hf(path, step, given_lower, rng, required, overrides) -> StartPoint:
 # ----------------------------------------------------------------------------- TF
 
 
-def load_tf(path, step, given_lower, rng, required, overrides) -> StartPoint:
+def load_tf(path, step, given_lower, rng, required) -> StartPoint:
   if step is not None:
     raise ValueError(f'{path}: step={step} applies to training workdirs only')
   prefix = google_tf.checkpoint_prefix(path)
   directory = fs.dirname(prefix)
   cfg = _tf_checkpoint_config(prefix)
-  if overrides:
-    cfg = cfg.replace(**overrides)
   state, task_heads = google_tf.read_tf_checkpoint(prefix, cfg)
   params = hf.params_from_hf(state, cfg, rng=rng, source=prefix)
   head, head_params = google_tf.task_head(task_heads, cfg.hidden_size, prefix)

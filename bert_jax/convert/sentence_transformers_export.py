@@ -33,7 +33,7 @@ import tempfile
 import jax
 import numpy as np
 
-from bert_jax.convert import hf, hf_electra, hf_modern, hf_roberta
+from bert_jax.convert import hf
 from bert_jax.model import encoder as model
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
@@ -58,32 +58,24 @@ def encoder_state(params, cfg: BertConfig) -> hf.StateDict:
   if missing:
     raise ValueError(f'params lack {missing}; expected a head model\'s or pre-training tree '
                      '(embeddings, encoder, ...)')
-  if cfg.arch == 'modern':
-    hf_modern.check_exportable(cfg)
-    state = hf_modern.encoder_to_hf(params, cfg, prefix='')
-  else:
-    # hf.params_to_hf converts BertForPreTraining's whole tree: fill the groups a head model
-    # lacks with zeros, convert, and keep the encoder (and a pooler the params really have).
-    abstract = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
-    complete = {k: params[k] if k in params else
-                jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.float32), abstract[k])
-                for k in abstract}
-    if 'pooler' in params:  # RoBERTa's pre-training tree has none
-      complete['pooler'] = params['pooler']
-    state = {k: v for k, v in hf.params_to_hf(complete, cfg, prefix='').items()
-             if not k.startswith(('cls.', 'lm_head.', 'generator_', 'sequence_summary.'))
-             and ('pooler' in params or not k.startswith('pooler.'))}
+  # hf.params_to_hf converts the family's whole MLM tree: fill the groups a head model lacks
+  # with zeros, convert with the encoder bare, and keep the encoder (and a pooler the params
+  # really have), not the MLM head's tensors.
+  abstract = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+  complete = {k: params[k] if k in params else
+              jax.tree_util.tree_map(lambda s: np.zeros(s.shape, np.float32), abstract[k])
+              for k in abstract}
+  if 'pooler' in params:  # RoBERTa's pre-training tree has none
+    complete['pooler'] = params['pooler']
+  heads_ = hf.converter(cfg).mlm_prefixes
+  state = {k: v for k, v in hf.params_to_hf(complete, cfg, prefix='').items()
+           if not k.startswith(heads_) and ('pooler' in params or not k.startswith('pooler.'))}
   return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
 
 
 def hf_config(cfg: BertConfig) -> dict:
-  if cfg.arch == 'modern':
-    return hf_modern.config_to_hf(cfg, architecture='ModernBertModel')
-  if cfg.is_roberta:
-    return hf_roberta.config_to_hf(cfg, hf_roberta.architecture(cfg, 'Model'))
-  if cfg.is_electra:
-    return hf_electra.config_to_hf(cfg, hf_electra.architecture('Model'))
-  return {**hf.config_to_hf(cfg), 'architectures': ['BertModel']}
+  """The bare encoder's config.json (`BertModel`, `ModernBertModel`, `RobertaModel`, ...)."""
+  return hf.config_to_hf(cfg, hf.converter(cfg).architecture('Model'))
 
 
 def pooling_config(hidden_size: int, pooling: str) -> dict:

@@ -19,7 +19,7 @@ from input_pipeline import fs
 _TF_SIDE_FILES = ('bert_config.json', 'vocab.txt')
 
 
-def load_url(url, step, given_lower, rng, required, overrides) -> loaders.StartPoint:
+def load_url(url, step, given_lower, rng, required) -> loaders.StartPoint:
   """A start point at a URL (gs://...). A training workdir is read in place (Orbax and our
   file-system layer read URLs). An HF directory or a Google TF checkpoint (a directory or a
   prefix) is staged into a temporary local directory of the same name -- the HF weight
@@ -29,7 +29,7 @@ def load_url(url, step, given_lower, rng, required, overrides) -> loaders.StartP
   bert_config.json and vocab.txt."""
   url = url.rstrip('/')
   if loaders.is_workdir(url):
-    return loaders.load_workdir(url, step, given_lower, rng, required, overrides)
+    return loaders.load_workdir(url, step, given_lower, rng, required)
   prefix = fs.exists(url + '.index')
   source = fs.dirname(url) if prefix else url
   if not fs.exists(source):
@@ -48,7 +48,7 @@ def load_url(url, step, given_lower, rng, required, overrides) -> loaders.StartP
     local_path = os.path.join(local, fs.basename(url)) if prefix else local
     try:
       load = loaders.LOADERS[loaders.detect_kind(local_path)]
-      start = load(local_path, step, given_lower, rng, required, overrides)
+      start = load(local_path, step, given_lower, rng, required)
     except (ValueError, FileNotFoundError) as e:  # name the URL, not the staged copy
       try:
         renamed = type(e)(str(e).replace(local, source))

@@ -43,6 +43,7 @@ from bert_jax.convert.loaders import (  # re-exported: part of this module's API
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, init_params
 from bert_jax.training import checkpointing
+from bert_jax.training.run_setup import INIT_FROM, start_shape_fields
 from input_pipeline import fs
 from input_pipeline.tokenizer_files import data_tokenizer, data_tokenizer_field
 
@@ -60,22 +61,56 @@ def load_start_point(path: str, *, step: int | None = None, do_lower_case: bool 
 
   `step` picks a workdir checkpoint (default the latest). `do_lower_case`, when given, must
   agree with the start point's casing (ValueError otherwise). `rng` initialises heads the
-  start point lacks. `config_overrides` set our-only knobs: dtype, scan_layers, remat_policy,
-  attention_impl, dropout rates.
+  start point lacks. `config_overrides` set our-only knobs (dtype, scan_layers, remat_policy,
+  attention_impl, dropout rates) on the stored config, through `with_config`; a run applies
+  its `config.model` with `run_setup.model_config` / `finetune.run.load_start` instead.
   """
   if path.startswith(RANDOM + ':'):
     return random_start_point(path[len(RANDOM) + 1:], rng=rng, do_lower_case=do_lower_case,
                               require_tokenizer=require_tokenizer, **config_overrides)
   if fs.is_url(path):
-    return staging.load_url(path, step, do_lower_case, rng, require_tokenizer,
-                            config_overrides)
-  load = loaders.LOADERS[detect_kind(path)]
-  start = load(path, step, do_lower_case, rng, require_tokenizer, config_overrides)
+    start = staging.load_url(path, step, do_lower_case, rng, require_tokenizer)
+  else:
+    start = loaders.LOADERS[detect_kind(path)](path, step, do_lower_case, rng, require_tokenizer)
+  if config_overrides:
+    start = with_config(start, start.cfg.replace(**config_overrides))
   if start.tokenizer is not None:
     check_vocab_size(start.tokenizer, start.cfg.vocab_size, 'its model\'s vocab_size',
                      f'{path}: its tokenizer {fs.basename(_tokenizer_file_name(start.tokenizer))}',
                      'Put the tokenizer the model was trained with beside it.')
   return start
+
+
+def with_config(start: StartPoint, cfg: BertConfig) -> StartPoint:
+  """`start` computing as `cfg` says (a run's dtype, dropout, attention, remat and layer
+  layout over the stored config): its params relaid out to `cfg.scan_layers`. The shape and
+  family must stay the stored ones."""
+  shape = ('arch', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'vocab_size')
+  changed = [f for f in shape if getattr(cfg, f) != getattr(start.cfg, f)]
+  if changed:
+    raise ValueError(f'{start.path}: a run may change how the model computes, not its shape '
+                     f'or family ({", ".join(changed)})')
+  params = loaders.relayout(start.params, start.cfg.scan_layers, cfg.num_layers, cfg.scan_layers)
+  return dataclasses.replace(start, cfg=cfg, params=params)
+
+
+def with_start_shape(config):
+  """A pre-training config with `model.size=init_from` as a copy whose `config.model` holds
+  train.init_from's shape and family (run_setup.start_shape_fields of its stored config, read
+  without its weights); any other config as it is. Continued pre-training thus takes any
+  released checkpoint's shape (ELECTRA-small's 256/128 split, MiniLM-L6, an 8,194-position
+  XLM-R), not only a preset's; the workdir's config.json keeps the filled fields, so export and
+  resume read them without the start point."""
+  m = config.model
+  if m.size != INIT_FROM or m.get('hidden_size') is not None:
+    return config
+  if not config.train.init_from:
+    raise ValueError(f'model.size={INIT_FROM} takes the shape of train.init_from, which is not '
+                     'set; pass --config.train.init_from=<start point> or name a size')
+  stored = loaders.model_config_of(config.train.init_from)
+  config = config.copy_and_resolve_references()
+  config.model.update(start_shape_fields(stored))
+  return config
 
 
 def random_start_point(path: str, *, rng: jax.Array | None = None, **kwargs: Any) -> StartPoint:
@@ -143,7 +178,8 @@ def check_compatible(start: StartPoint, model_cfg: BertConfig, source: str) -> N
     raise ValueError(
         f'train.init_from={source} is model.arch={start.cfg.arch!r}, the run\'s model is '
         f'{model_cfg.arch!r}; set --config.model.arch={start.cfg.arch} (the same block, '
-        'positions and heads) and the size that matches it')
+        f'positions and heads) and the size that matches it, or --config.model.size={INIT_FROM} '
+        'to take both from the start point')
   wanted = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
   differ = checkpointing.leaf_differences(start.params, wanted, labels=('start point', 'run'))
   fields = [f for f in _SHAPE_FIELDS if getattr(start.cfg, f) != getattr(model_cfg, f)]
@@ -152,7 +188,7 @@ def check_compatible(start: StartPoint, model_cfg: BertConfig, source: str) -> N
     raise ValueError(
         f'train.init_from={source}: {field} is {getattr(start.cfg, field)}, but the run\'s '
         f'model has {getattr(model_cfg, field)} ({differ}); set --config.{_SHAPE_FIELDS[field]} '
-        'to match the start point')
+        f'to match the start point, or --config.model.size={INIT_FROM} to take its shape')
   if differ:
     raise ValueError(f'train.init_from={source}: its parameters do not fit the run\'s model '
                      f'({differ}); set --config.model.* as the start point was trained')
@@ -237,16 +273,15 @@ def _tokenizer_file(start: StartPoint) -> str:
 
 
 def check_sentence_objective(start: StartPoint, objective: str, source: str) -> None:
-  """RoBERTa and XLM-R were pre-trained with MLM alone on full sentences, ELECTRA with
-  replaced-token detection (and its generator's MLM); none has a sentence head: continuing them
-  with NSP or SOP would train a fresh head on the pooled first state (and a pooler they never
-  had), no longer the released model's objective."""
-  if (start.cfg.is_roberta or start.cfg.is_electra) and objective != 'none':
-    trained = ('replaced-token detection' if start.cfg.is_electra
-               else 'MLM on full sentences')
+  """A family without a sentence head (RoBERTa and XLM-R: MLM alone on full sentences;
+  ELECTRA: replaced-token detection; ModernBERT) cannot be continued with NSP or SOP: that would
+  train a fresh head on the pooled first state (and a pooler it never had), no longer the
+  released model's objective."""
+  family = start.cfg.family
+  if not family.sentence_head and objective != 'none':
     raise ValueError(
         f'train.init_from={source} is a {start.cfg.arch} checkpoint, pre-trained with '
-        f'{trained} and without a sentence head, but data.sentence_objective='
+        f'{family.pretrained_with} and without a sentence head, but data.sentence_objective='
         f'{objective!r}; set --config.data.sentence_objective=none (records written by '
         f'create_pretraining_data --next_sentence=none) and --config.model.arch={start.cfg.arch}')
 
@@ -262,15 +297,15 @@ def pretraining_params(init_from: str, model_cfg: BertConfig, rng: jax.Array | N
   the data's (`check_vocabulary`). All before the first step, which otherwise fails (another
   size) or trains on ids that mean other words (another vocabulary).
   """
-  start = load_start_point(init_from, rng=rng, require_tokenizer=False,
-                           scan_layers=model_cfg.scan_layers)
+  start = load_start_point(init_from, rng=rng, require_tokenizer=False)
   if data is not None:
     check_sentence_objective(start, data.sentence_objective, init_from)
-  if (start.cfg.is_roberta or start.cfg.is_electra) and 'pooler' in start.params:
+  if not start.cfg.family.sentence_head and 'pooler' in start.params:
     # Released RoBERTa checkpoints carry a pooler MLM pre-training neither uses nor trains
     # (an ElectraForMultipleChoice its summary, our pooler).
     start = dataclasses.replace(start, params={k: v for k, v in start.params.items()
                                                if k != 'pooler'})
+  start = with_config(start, start.cfg.replace(scan_layers=model_cfg.scan_layers))
   check_compatible(start, model_cfg, init_from)
   if data is not None:
     check_vocabulary(start, data, init_from, allow_vocab_change)

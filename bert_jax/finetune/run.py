@@ -37,7 +37,7 @@ from bert_jax.finetune import results as results_lib, tasks as finetune_tasks
 from bert_jax.finetune.hooks import EpochHooks
 from bert_jax.finetune.program import Program
 from bert_jax.finetune.resume import SeedCheckpoints, SeedProgress, geometry
-from bert_jax.training import run_control, session
+from bert_jax.training import run_control, run_setup, session
 from bert_jax.training import sharding as shd
 from input_pipeline import fs
 from input_pipeline.finetune import registry
@@ -65,24 +65,13 @@ def seed_list(seeds: Any, first: int) -> list[int]:
   raise ValueError(f'config.seeds={seeds!r}: expected a count (3) or a list of ints (0,1,7)')
 
 
-def model_overrides(config) -> dict:
-  """What `config.model` changes in the start point's encoder config: how it runs (dtype,
-  layout, rematerialisation, attention) and, when set, its dropout."""
-  m = config.model
-  overrides = dict(dtype=m.dtype, scan_layers=m.scan_layers, remat_policy=m.remat_policy,
-                   attention_impl=m.attention_impl)
-  for field in ('hidden_dropout', 'attention_dropout'):
-    if m[field] is not None:
-      overrides[field] = m[field]
-  return overrides
-
-
 def load_start(config):
-  """The start point with the run's model overrides (dtype, dropout, layout)."""
+  """The start point computing as the run's `config.model` says (dtype, dropout, attention,
+  remat, layer layout: run_setup.model_config over its stored config)."""
   if not config.init:
     raise ValueError('no start point: pass --init=<our workdir | HF directory | TF checkpoint>')
-  start = start_points.load_start_point(config.init, do_lower_case=config.do_lower_case,
-                                        **model_overrides(config))
+  start = start_points.load_start_point(config.init, do_lower_case=config.do_lower_case)
+  start = start_points.with_config(start, run_setup.model_config(config, start.cfg))
   length = config.data.max_seq_length
   cfg = start.cfg
   if length > cfg.max_length:  # RoBERTa's positions start at 2: 514 rows, 512 tokens

@@ -1,5 +1,6 @@
 """BERT and ModernBERT-class encoders with the masked-LM (and next-sentence) heads, in Flax
-linen: one model, whose architecture switches `BertConfig.arch` presets.
+linen: one model, whose switches `BertConfig.arch`'s family (families.py) presets and whose
+head quirks that family declares.
 
 `arch='bert'` is numerically HuggingFace's `modeling_bert.BertForPreTraining` (post-LayerNorm
 layers, LayerNorm eps 1e-12, exact erf GELU, tanh pooler over [CLS], MLM decoder tied to the
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax.model import attention as attn_lib
+from bert_jax.model import attention as attn_lib, families
 from bert_jax.model.attention import AttentionInputs, attention_mask  # noqa: F401 (re-export)
 
 # Sizes from the BERT repository's README ("Well-Read Students Learn Better" grid); the
@@ -64,28 +65,6 @@ PRESETS: dict[str, dict[str, int]] = {
                              intermediate_size=2624),
 }
 
-# What `arch` sets unless a field is given: BERT's defaults, or ModernBERT's (transformers'
-# ModernBertConfig defaults: norm eps 1e-5, no biases, window 128, theta 160k / 10k, no
-# dropout, no token types, 8,192 positions).
-ARCHS: dict[str, dict[str, Any]] = {
-    'bert': {},
-    'modern': dict(norm_position='pre', use_bias=False, mlp='glu', positions='rope',
-                   global_attention_every=3, local_window=128, global_rope_theta=160_000.0,
-                   local_rope_theta=10_000.0, layer_norm_eps=1e-5, type_vocab_size=0,
-                   max_position_embeddings=8192, hidden_dropout=0.0, attention_dropout=0.0),
-    # RoBERTa / XLM-R (roberta-base's config.json): BERT's block, position ids offset past
-    # fairseq's padding index, one token type, eps 1e-5; no pooler or sentence head (MLM on
-    # full sentences), RobertaClassificationHead for sequences (heads.py).
-    'roberta': dict(position_offset=2, type_vocab_size=1, layer_norm_eps=1e-5,
-                    max_position_embeddings=514),
-}
-ARCHS['xlm-roberta'] = ARCHS['roberta']  # the same model; exported as XLMRoberta*
-# ELECTRA (ElectraConfig): BERT's block and positions; what differs is `embedding_size`
-# (electra-small's 128 under 256 hidden; base and large: BERT's sizes, no projection) and the
-# heads: the generator's MLM head, no pooler or sentence head, ElectraClassificationHead for
-# sequences (heads.py).
-ARCHS['electra'] = {}
-ROBERTA_ARCHS = ('roberta', 'xlm-roberta')
 SWITCHES = {'norm_position': ('post', 'pre'), 'mlp': ('mlp', 'glu'),
             'positions': ('learned', 'rope'), 'classifier_pooling': ('cls', 'mean')}
 
@@ -144,11 +123,10 @@ class BertConfig:
   # How attention runs (attention.py): xla | splash (TPU) | cudnn (GPU) | auto (the
   # platform's best) | None (jax.nn.dot_product_attention picks).
   attention_impl: str | None = None
-  # Architecture switches; ARCHS['modern'] sets all of them to ModernBERT's.
-  # bert: tanh pooler + NSP head | modern: ModernBERT's heads, no pooler | roberta,
-  # xlm-roberta: BERT's block, no pooler or NSP head, RoBERTa's sequence head | electra: BERT's
-  # block on `embedding_size`-wide embeddings, ELECTRA's generator MLM head and task heads
+  # The encoder family (bert_jax/model/families.py: bert | roberta | xlm-roberta | electra |
+  # modern | any registered one): its defaults for the fields below and its head quirks.
   arch: str = 'bert'
+  # Architecture switches; the 'modern' family's defaults set all of them to ModernBERT's.
   norm_position: str = 'post'  # post (BERT) | pre (norm before each sub-block, final norm)
   use_bias: bool = True  # biases of the linear layers and norms (task heads keep theirs)
   mlp: str = 'mlp'  # mlp: act(x W1) W2 | glu: (act(x Wi_in) * x Wi_gate) Wo (GeGLU)
@@ -170,18 +148,17 @@ class BertConfig:
                        f'{sorted(REMAT_POLICIES)}')
     if self.dtype not in ('float32', 'bfloat16'):
       raise ValueError(f'model.dtype={self.dtype!r}: expected float32 or bfloat16')
-    if self.arch not in ARCHS:
-      raise ValueError(f'model.arch={self.arch!r}: expected one of {sorted(ARCHS)}')
+    family = families.get(self.arch)  # an unknown name is a ValueError listing the families
     for name, allowed in SWITCHES.items():
       if getattr(self, name) not in allowed:
         raise ValueError(f'model.{name}={getattr(self, name)!r}: expected one of {allowed}')
     if self.embedding_size is not None and self.embedding_size < 0:
       raise ValueError(f'model.embedding_size={self.embedding_size}: must be >= 0 '
                        '(0: hidden_size)')
-    if self.embedding_width != self.hidden_size and self.arch != 'electra':
+    if self.embedding_width != self.hidden_size and not family.embedding_projection:
       raise ValueError(f'model.embedding_size={self.embedding_size} (hidden_size '
-                       f'{self.hidden_size}): a narrower embedding with a projection is '
-                       'ELECTRA\'s; set model.arch=electra or embedding_size=0')
+                       f'{self.hidden_size}): model.arch={self.arch} has no embedding '
+                       'projection (ELECTRA\'s has); set model.arch=electra or embedding_size=0')
     if self.position_offset < 0:
       raise ValueError(f'model.position_offset={self.position_offset}: must be >= 0')
     if self.global_attention_every < 1:
@@ -200,12 +177,9 @@ class BertConfig:
     return self.hidden_size // self.num_heads
 
   @property
-  def is_roberta(self) -> bool:
-    return self.arch in ROBERTA_ARCHS
-
-  @property
-  def is_electra(self) -> bool:
-    return self.arch == 'electra'
+  def family(self) -> families.Family:
+    """The encoder family `arch` names (bert_jax/model/families.py)."""
+    return families.get(self.arch)
 
   @property
   def embedding_width(self) -> int:
@@ -236,10 +210,8 @@ class BertConfig:
     width with the same parameters (`glu_width`)."""
     if name not in PRESETS:
       raise ValueError(f'unknown model size {name!r}: expected one of {list(PRESETS)}')
-    if arch not in ARCHS:
-      raise ValueError(f'model.arch={arch!r}: expected one of {sorted(ARCHS)}')
     fields = dict(PRESETS[name])
-    fields.update(ARCHS[arch], arch=arch)
+    fields.update(families.get(arch).defaults, arch=arch)
     fields.update(overrides)
     if 'intermediate_size' not in fields:
       h = fields['hidden_size']
@@ -272,7 +244,8 @@ def _init(cfg: BertConfig, axes: tuple[str | None, ...], std: float | None = Non
 def _out_std(cfg: BertConfig) -> float | None:
   """ModernBERT initialises the layers' output projections with range / sqrt(2L)
   (`ModernBertPreTrainedModel._init_weights`, "out"); BERT uses the range everywhere."""
-  return cfg.initializer_range / (2 * cfg.num_layers) ** 0.5 if cfg.arch == 'modern' else None
+  return (cfg.initializer_range / (2 * cfg.num_layers) ** 0.5 if cfg.family.scaled_output_init
+          else None)
 
 
 def _zeros(axes):
@@ -569,7 +542,7 @@ def prediction_head(cfg: BertConfig, x):
   # SPMD partitioner otherwise returns a wrong mlm_transform gradient (seen with jax 0.10.2;
   # tests/test_sharding.py guards it).
   h = nn.with_logical_constraint(h, ('batch',) + ('length',) * (h.ndim - 2) + ('embed',))
-  act = ACTIVATIONS['gelu' if cfg.is_electra else cfg.hidden_act]
+  act = ACTIVATIONS[cfg.family.head_activation or cfg.hidden_act]
   return _layer_norm(cfg, 'mlm_layer_norm')(act(h))
 
 
@@ -577,13 +550,19 @@ def bert_pooler(cfg: BertConfig, cls_tokens):
   """BERT's tanh pooler; for ELECTRA the dense + exact GELU of its multiple-choice
   `ElectraSequenceSummary` (summary_type first, use_proj, activation gelu), HF's
   `sequence_summary.summary`."""
-  act = ACTIVATIONS['gelu'] if cfg.is_electra else jnp.tanh
-  return act(_dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
+  return pooler_activation(cfg)(
+      _dense(cfg, cfg.hidden_size, ('embed', 'mlp'), 'pooler')(cls_tokens))
+
+
+def pooler_activation(cfg: BertConfig):
+  """tanh (BERT's pooler, RoBERTa's classification head), or the family's fixed one."""
+  act = cfg.family.head_activation
+  return ACTIVATIONS[act] if act else jnp.tanh
 
 
 class BertForPreTraining(nn.Module):
-  """The encoder with its pre-training heads: MLM, and for `arch='bert'` the pooler and the
-  2-way sentence head (NSP/SOP).
+  """The encoder with its pre-training heads: MLM, and for a family with a sentence head
+  (BERT) the pooler and the 2-way sentence head (NSP/SOP).
 
   Call with the feature dict's arrays (input_pipeline/pretrain/batch_layout.py names). `masked_lm_positions`
   limits the MLM head to those rows; `next_sentence_positions` (packed rows) pools each instance's [CLS].
@@ -601,7 +580,7 @@ class BertForPreTraining(nn.Module):
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, deterministic=deterministic)
     pooled = nsp_logits = None
-    if cfg.arch == 'bert':
+    if cfg.family.sentence_head:
       if next_sentence_positions is None:
         cls_tokens = sequence_output[:, 0]
       else:

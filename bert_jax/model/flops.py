@@ -3,8 +3,8 @@
 FLOPs = 6·N·T + 12·H·T·Σ_layers span + 6·B·P·(H² + H·V) [+ 6·B·(H² + 2H)], with T = B·S
 tokens, N = encoder (non-embedding) parameters, span = S in global layers and min(S, window + 1)
 in local ones, P = MLM positions actually computed, and the last term the pooler and NSP head
-of `arch='bert'`: the definition of the performance issue, counting only useful work (the MLM
-head at the labelled positions, the keys a local layer may see).
+of a family with a sentence head (BERT): the definition of the performance issue, counting
+only useful work (the MLM head at the labelled positions, the keys a local layer may see).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def train_flops_per_step(cfg: BertConfig, batch: int, seq_len: int, predictions:
   h, v = cfg.hidden_size, cfg.vocab_size
   tokens = batch * seq_len
   spans = sum(attention_span(cfg, layer, seq_len, computed) for layer in range(cfg.num_layers))
-  sentence_head = 6 * batch * (h * h + 2 * h) if cfg.arch == 'bert' else 0
+  sentence_head = 6 * batch * (h * h + 2 * h) if cfg.family.sentence_head else 0
   return (6 * encoder_params(cfg) * tokens + 12 * h * spans * tokens +
           6 * batch * predictions * (h * h + h * v) + sentence_head)
 

@@ -1,18 +1,20 @@
 """Fine-tuning heads on the pre-trained encoder: sequence classification (and regression),
 token classification, span extraction and multiple choice, numerically HuggingFace's
 `BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering` and
-`BertForMultipleChoice` on the same weights; for `arch='modern'`, transformers'
+`BertForMultipleChoice` on the same weights. What differs by family is declared in
+bert_jax/model/families.py (`head_style`, `head_activation`) and read here. ModernBERT's heads
+(`PREDICTION_HEAD`) are transformers'
 `ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}`
 (models/modernbert/modeling_modernbert.py): no pooler, the MLM head's transform (`head`,
 our `mlm_transform` + `mlm_layer_norm`, carried over from pre-training as HF carries it) on
 the [CLS] state (or the mean, `classifier_pooling='mean'`) or on every token, dropout, then
-the classifier; multiple choice pools each choice's first unpadded token. `arch='roberta'`
-(and `'xlm-roberta'`) is transformers' `RobertaFor*`: token, span and multiple-choice heads as
+the classifier; multiple choice pools each choice's first unpadded token. RoBERTa's and XLM-R's
+(`CLASSIFICATION_HEAD`) are transformers' `RobertaFor*`: token, span and multiple-choice heads as
 BERT's, but the sequence head is `RobertaClassificationHead` (`ClassificationHead`: its own
 dense + tanh between two dropouts on the <s> state, then `out_proj`), since RoBERTa has no
 NSP-trained pooler to reuse; multiple choice keeps HF's pooler, fresh from an MLM checkpoint.
-`arch='electra'` is transformers' `ElectraFor*` (models/electra/modeling_electra.py): token and
-span heads as BERT's, the sequence head `ElectraClassificationHead` (RoBERTa's, with exact GELU
+ELECTRA's (`CLASSIFICATION_HEAD`, `head_activation='gelu'`) are transformers' `ElectraFor*`
+(models/electra/modeling_electra.py): token and span heads as BERT's, the sequence head `ElectraClassificationHead` (RoBERTa's, with exact GELU
 for tanh), and multiple choice `ElectraSequenceSummary` (dense + GELU on the first token, our
 `pooler` group, HF's `sequence_summary.summary`; fresh from a pre-training checkpoint) then
 dropout and the classifier.
@@ -137,7 +139,8 @@ def _head_dense(cfg: BertConfig, features: int, in_axis: str, name: str) -> nn.D
   """HF initialises BERT's task heads with N(0, initializer_range) (not truncated), and
   ModernBERT's with a truncated normal of std hidden**-0.5 ("final_out"); zero bias, which
   every task head has (HF's `nn.Linear` default) whatever `use_bias` says of the encoder."""
-  init = (nn.initializers.truncated_normal(cfg.hidden_size ** -0.5) if cfg.arch == 'modern'
+  init = (nn.initializers.truncated_normal(cfg.hidden_size ** -0.5)
+          if cfg.family.heads_on_prediction_head
           else nn.initializers.normal(cfg.initializer_range))
   return nn.Dense(
       features, dtype=cfg.compute_dtype, name=name,
@@ -150,9 +153,9 @@ def encoder_groups(cfg: BertConfig, head: 'Head') -> tuple[str, ...]:
   encoder alone, as HF's `BertModel` / `ModernBertModel` without a pooler)."""
   if head.task == EMBEDDING:
     return ENCODER_GROUPS[:2]
-  if cfg.arch == 'modern':
+  if cfg.family.heads_on_prediction_head:
     return MODERN_ENCODER_GROUPS
-  if _own_sequence_head(cfg):  # the sequence head has its own dense (`ClassificationHead`)
+  if cfg.family.own_sequence_head:  # the sequence head has its own dense (`ClassificationHead`)
     return ENCODER_GROUPS if head.task == MULTIPLE_CHOICE else ENCODER_GROUPS[:2]
   return ENCODER_GROUPS if head.has_pooler else ENCODER_GROUPS[:2]
 
@@ -174,7 +177,8 @@ def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, pos
                                   deterministic=deterministic)
   if not add_pooler:
     return sequence_output, None
-  if cfg.arch == 'modern' and cfg.classifier_pooling == 'mean':
+  on_prediction_head = cfg.family.heads_on_prediction_head
+  if on_prediction_head and cfg.classifier_pooling == 'mean':
     if next_sentence_positions is not None:
       raise ValueError('model.classifier_pooling=mean pools whole rows: use unpacked rows '
                        '(data.pack=False) or classifier_pooling=cls')
@@ -186,14 +190,15 @@ def encode(cfg: BertConfig, input_ids, input_mask=None, segment_ids=None, *, pos
     pooled = sequence_output[:, 0]
   else:
     pooled = gather_positions(sequence_output, next_sentence_positions)
-  if cfg.arch == 'modern':
+  if on_prediction_head:
     return sequence_output, enc.prediction_head(cfg, pooled)
   return sequence_output, enc.bert_pooler(cfg, pooled)
 
 
 def token_states(cfg: BertConfig, sequence_output):
   """What token-level heads read: the encoder's states, through ModernBERT's head."""
-  return enc.prediction_head(cfg, sequence_output) if cfg.arch == 'modern' else sequence_output
+  return (enc.prediction_head(cfg, sequence_output) if cfg.family.heads_on_prediction_head
+          else sequence_output)
 
 
 class BertEncoder(nn.Module):
@@ -224,8 +229,7 @@ class ClassificationHead(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(_dropout(cfg, self.head))
     x = drop(x, deterministic=deterministic)
-    act = enc.ACTIVATIONS['gelu'] if cfg.is_electra else jnp.tanh
-    x = act(_head_dense(cfg, cfg.hidden_size, 'embed', 'dense')(x))
+    x = enc.pooler_activation(cfg)(_head_dense(cfg, cfg.hidden_size, 'embed', 'dense')(x))
     x = drop(x, deterministic=deterministic)
     return _head_dense(cfg, self.head.num_labels, HEAD_IN_AXIS[SEQUENCE], 'out_proj')(x)
 
@@ -248,8 +252,8 @@ class BertForSequenceClassification(nn.Module):
     sequence_output, pooled = encode(
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, next_sentence_positions=next_sentence_positions,
-        add_pooler=not _own_sequence_head(cfg), deterministic=deterministic)
-    if _own_sequence_head(cfg):
+        add_pooler=not cfg.family.own_sequence_head, deterministic=deterministic)
+    if cfg.family.own_sequence_head:
       first = (sequence_output[:, 0] if next_sentence_positions is None
                else gather_positions(sequence_output, next_sentence_positions))
       logits = ClassificationHead(cfg, self.head, name='classifier')(first, deterministic)
@@ -293,7 +297,7 @@ class BertForQuestionAnswering(nn.Module):
         cfg, input_ids, input_mask, segment_ids, position_ids=position_ids,
         packed_segment_ids=packed_segment_ids, add_pooler=False, deterministic=deterministic)
     x = sequence_output
-    if cfg.arch == 'modern':
+    if cfg.family.heads_on_prediction_head:
       x = nn.Dropout(_dropout(cfg, self.head))(token_states(cfg, x), deterministic=deterministic)
     logits = _head_dense(cfg, 2, HEAD_IN_AXIS[SPAN], head_param(cfg, SPAN))(x).astype(jnp.float32)
     return SpanLogits(start_logits=logits[..., 0], end_logits=logits[..., 1])
@@ -314,7 +318,8 @@ class BertForMultipleChoice(nn.Module):
     batch, choices, length = input_ids.shape
     rows = lambda x: None if x is None else jnp.reshape(x, (batch * choices, length))
     first = None
-    if cfg.arch == 'modern' and input_mask is not None and cfg.classifier_pooling == 'cls':
+    if (cfg.family.heads_on_prediction_head and input_mask is not None
+        and cfg.classifier_pooling == 'cls'):
       # HF: "for left or right padding, <cls> is the first non-pad token"
       first = jnp.argmax(rows(input_mask), axis=-1)[:, None]
     _, pooled = encode(cfg, rows(input_ids), rows(input_mask), rows(segment_ids),
@@ -371,11 +376,6 @@ MODELS = {SEQUENCE: BertForSequenceClassification, TOKEN: BertForTokenClassifica
           EMBEDDING: BertForSentenceEmbedding}
 
 
-def _own_sequence_head(cfg: BertConfig) -> bool:
-  """RoBERTa and ELECTRA classify sequences with `ClassificationHead`, not a pooler."""
-  return cfg.is_roberta or cfg.is_electra
-
-
 def _dropout(cfg: BertConfig, head: Head) -> float:
   return cfg.hidden_dropout if head.classifier_dropout is None else head.classifier_dropout
 
@@ -404,13 +404,13 @@ def logical_param_specs(cfg: BertConfig, head: Head, seq_len: int = 8):
 
 def head_param(cfg: BertConfig, task: str) -> str:
   """The head's parameter group: BERT's names by task, ModernBERT's `classifier` always."""
-  return 'classifier' if cfg.arch == 'modern' else HEAD_PARAM[task]
+  return 'classifier' if cfg.family.heads_on_prediction_head else HEAD_PARAM[task]
 
 
 def init_head(cfg: BertConfig, head: Head, rng: jax.Array) -> dict:
   """Fresh parameters of the head alone ({'classifier': ...} or {'qa_outputs': ...})."""
   name = head_param(cfg, head.task)
-  if _own_sequence_head(cfg) and head.task == SEQUENCE:
+  if cfg.family.own_sequence_head and head.task == SEQUENCE:
     module = ClassificationHead(cfg, head)
   else:
     module = _head_dense(cfg, head.num_labels, HEAD_IN_AXIS[head.task], name)
@@ -433,7 +433,7 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
   a freshly initialised head with a warning saying so."""
   groups = encoder_groups(cfg, head)
   missing = [g for g in groups if g not in encoder_params]
-  if _own_sequence_head(cfg) and missing == ['pooler']:
+  if cfg.family.own_sequence_head and missing == ['pooler']:
     logging.warning('%s has no pooler (%s pre-training checkpoints have none): initialised '
                     'fresh for %s, as HF does', source, cfg.arch, head.task)
     encoder_params = {**encoder_params, 'pooler': _fresh_pooler(
@@ -447,7 +447,8 @@ def with_encoder(encoder_params, cfg: BertConfig, head: Head, rng: jax.Array | N
     return params
   if head_params is None:
     name = head_param(cfg, head.task)
-    init = (f'truncated N(0, {cfg.hidden_size ** -0.5:.3g})' if cfg.arch == 'modern'
+    init = (f'truncated N(0, {cfg.hidden_size ** -0.5:.3g})'
+            if cfg.family.heads_on_prediction_head
             else f'N(0, {cfg.initializer_range:g})')
     logging.warning('%s has no %s head for %s with %d labels: initialised fresh '
                     '(%s, zero bias); fine-tune before predicting.', source, name,

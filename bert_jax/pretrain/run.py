@@ -187,6 +187,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   workdir = fs.absolute(workdir)
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first hours of training
+  config = start_points.with_start_shape(config)  # model.size=init_from: the start's shape
   setup = ts.setup(config)
   _check_tokenizer(config)
   t = config.train

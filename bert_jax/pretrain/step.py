@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.convert import start_points
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
 from bert_jax.pretrain import mlm_loss
 from bert_jax.training.run_setup import Objective, RunSetup, build, model_config
@@ -154,10 +155,10 @@ def eval_step(params, batch, *, model: BertForPreTraining,
 def objective(config) -> Objective:
   """Pre-training's objective from a config: BertForPreTraining, the MLM (+ sentence) loss
   with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout."""
-  model_cfg = model_config(config)
+  model_cfg = model_config(start_points.with_start_shape(config))
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  if model_cfg.arch != 'bert' and sentence_objective != 'none':
+  if not model_cfg.family.sentence_head and sentence_objective != 'none':
     raise ValueError(f'model.arch={model_cfg.arch!r} has no sentence head, but '
                      f'data.sentence_objective={sentence_objective!r}: write the data with '
                      'create_pretraining_data --next_sentence=none and set '

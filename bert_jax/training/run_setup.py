@@ -17,6 +17,7 @@ from absl import logging
 import jax
 import optax
 
+from bert_jax.model import families
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import optim, sharding as shd, state as state_lib
 from bert_jax.training.state import TrainState
@@ -25,24 +26,69 @@ from bert_jax.training.state import TrainState
 # Architecture switches a config may set one by one (None: the arch's value).
 ARCH_SWITCHES = ('norm_position', 'use_bias', 'mlp', 'positions', 'global_attention_every',
                  'local_window', 'global_rope_theta', 'local_rope_theta')
+# Shape fields a config may set beside its size (None: the size's or the family's); a run with
+# `model.size=init_from` has them all, copied from its start point's checkpoint.
+SHAPE_FIELDS = ('hidden_size', 'num_heads', 'max_position_embeddings', 'type_vocab_size',
+                'position_offset', 'layer_norm_eps', 'initializer_range', 'classifier_pooling')
+# Sizes > 0 change the size's (0: the size's).
+SIZE_FIELDS = ('num_layers', 'intermediate_size', 'embedding_size')
+# `model.size` of a run whose shape is its start point's (train.init_from): any released
+# checkpoint, preset-shaped or not (ELECTRA-small, MiniLM-L6, an 8,194-position XLM-R).
+INIT_FROM = 'init_from'
 
 
-def model_config(config) -> BertConfig:
-  """The encoder of a pre-training config (`config.model`): the size, `arch`'s switches and
-  any switch set alone; `model.num_layers` / `model.intermediate_size` /
+# How the encoder computes, whatever its shape: what a run's `config.model` sets on a start
+# point's stored config (and dropout, when the run sets it).
+RUNTIME_FIELDS = ('dtype', 'scan_layers', 'remat_policy', 'attention_impl')
+
+
+def model_config(config, stored: BertConfig | None = None) -> BertConfig:
+  """The run's encoder: the one route from `config.model` to a BertConfig, for pre-training
+  and fine-tuning alike.
+
+  With `stored` (a start point's config as its checkpoint holds it; fine-tuning, AOT of a
+  fine-tuning run): that config with the run's runtime choices (RUNTIME_FIELDS) and the
+  dropout rates the run sets (None: the start point's).
+
+  Without (pre-training): the size, `arch`'s switches and
+  any switch or shape field set alone; `model.num_layers` / `model.intermediate_size` /
   `model.embedding_size` > 0 change the size's depth / MLP width / embedding width (ELECTRA).
+  `model.size=init_from` builds the shape the fields give, which
+  `start_points.with_start_shape` copied from the start point when the run started.
   A config.json of an earlier run passes configs/upgrade.py `upgrade_config` first, which
   fills the fields it predates (the size's, BERT's)."""
   m = config.model
-  fields = {f: m[f] for f in ARCH_SWITCHES if m[f] is not None}
-  for name in ('num_layers', 'intermediate_size', 'embedding_size'):
+  if stored is not None:
+    runtime = {f: m[f] for f in RUNTIME_FIELDS}
+    runtime.update({f: m[f] for f in ('hidden_dropout', 'attention_dropout')
+                    if m.get(f) is not None})
+    return stored.replace(**runtime)
+  fields = {f: m.get(f) for f in ARCH_SWITCHES + SHAPE_FIELDS if m.get(f) is not None}
+  for name in SIZE_FIELDS:
     if m[name] > 0:
       fields[name] = m[name]
-  return BertConfig.from_preset(
-      m.size, arch=m.arch, vocab_size=m.vocab_size,
-      hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-      hidden_act=m.hidden_act, dtype=m.dtype, scan_layers=m.scan_layers,
-      remat_policy=m.remat_policy, attention_impl=m.attention_impl, **fields)
+  runtime = dict(vocab_size=m.vocab_size, hidden_dropout=m.hidden_dropout,
+                 attention_dropout=m.attention_dropout, hidden_act=m.hidden_act, dtype=m.dtype,
+                 scan_layers=m.scan_layers, remat_policy=m.remat_policy,
+                 attention_impl=m.attention_impl)
+  if m.size != INIT_FROM:
+    return BertConfig.from_preset(m.size, arch=m.arch, **runtime, **fields)
+  missing = [f for f in ('hidden_size', 'num_heads', 'num_layers', 'intermediate_size')
+             if f not in fields]
+  if missing:
+    raise ValueError(f'model.size={INIT_FROM} takes the shape of train.init_from when the run '
+                     f'starts (start_points.with_start_shape), but model.{missing[0]} is not '
+                     'filled in; start the run through bert_jax.main, or name a size')
+  return BertConfig(**{**families.get(m.arch).defaults, **fields, **runtime, 'arch': m.arch})
+
+
+def start_shape_fields(cfg: BertConfig) -> dict:
+  """`config.model` fields that make `model_config` build `cfg`'s shape and family (the
+  inverse of the above, for `model.size=init_from`)."""
+  fields = {f: getattr(cfg, f) for f in ARCH_SWITCHES + SHAPE_FIELDS + SIZE_FIELDS}
+  fields['embedding_size'] = 0 if cfg.embedding_width == cfg.hidden_size else cfg.embedding_size
+  return {**fields, 'arch': cfg.arch, 'vocab_size': cfg.vocab_size,
+          'hidden_act': cfg.hidden_act}
 
 
 def warn_scanned_on_gpu(model_cfg: BertConfig, mesh) -> None:

@@ -69,8 +69,10 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int], devices=None) -> Mesh:
 
 
 def normalize_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
-  """Config rules (lists from ml_collections) as the tuples Flax expects."""
+  """Config rules (lists from ml_collections) as the tuples Flax expects; empty (a config's
+  default): DEFAULT_RULES."""
   out = []
+  rules = rules or DEFAULT_RULES
   for name, axes in rules:
     if isinstance(axes, (list, tuple)):
       axes = tuple(axes)
