@@ -7,9 +7,10 @@ Tasks: the GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte wnli), mr and mr_re
 (movie reviews, input_pipeline/finetune/mr.py), conll (CoNLL-2003 NER, or any word-per-line tagging
 such as POS), squad and squad_v2, swag (multiple choice), generic (your own
 .csv/.tsv/.jsonl) and embedding (sentence embeddings from (query, positive[, negative]) pairs,
-scored by retrieval against BM25; batch 64, lr 5e-5). Each task's kind, reader, data fields
-and recipe are its entry in input_pipeline/finetune/registry.py, so a task registered there
-(from any module) has a config here too. Only the data fields a task reads exist in its
+scored by retrieval against BM25; batch 64, lr 5e-5). Each task's kind, reader and data
+fields are its entry in input_pipeline/finetune/registry.py, so a task registered there (from
+any module) has a config here too; its recipe where it differs from the defaults below is
+RECIPES'. Only the data fields a task reads exist in its
 config, so a misspelt or irrelevant override is an error, not silently ignored.
 
 Defaults are google-research/bert's (run_classifier.py, run_squad.py, the paper's appendix
@@ -25,6 +26,20 @@ import ml_collections
 
 from configs import common
 from input_pipeline.finetune import registry
+
+
+# Each task's recipe where it differs from the defaults (config field -> value).
+RECIPES: dict[str, dict] = {
+    'conll': {'optimizer.learning_rate': 5e-5},  # the usual NER setting
+    'squad': {'optimizer.learning_rate': 5e-5},  # the paper's SQuAD v1.1 setting
+    # the paper, SQuAD 2.0: 2 epochs, batch 48, lr 5e-5
+    'squad_v2': {'optimizer.learning_rate': 5e-5, 'train.num_epochs': 2,
+                 'train.global_batch_size': 48},
+    'swag': {'train.global_batch_size': 16},  # the paper, section 4.4: 3 epochs, 2e-5, batch 16
+    # sentence-transformers' trainer defaults (HF's lr 5e-5; 10% warmup here) and a larger
+    # batch: every other row's texts are a query's negatives
+    'embedding': {'optimizer.learning_rate': 5e-5, 'train.global_batch_size': 64},
+}
 
 
 def tasks() -> tuple[str, ...]:
@@ -73,8 +88,7 @@ def get_config(task: str = 'mrpc') -> ml_collections.ConfigDict:
   c.train.stop_after_epoch = 0
 
   common.add_parallelism(c)
-  spec.defaults(c)
-  return c
+  return common.override(c, RECIPES.get(task, {}))
 
 
 def _data_config(spec: registry.TaskSpec) -> ml_collections.ConfigDict:

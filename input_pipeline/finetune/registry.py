@@ -1,5 +1,6 @@
-"""The registry of fine-tuning tasks: name -> `TaskSpec` (its kind, reader, data fields and
-run defaults). `configs/finetune.py:<task>` builds its config from here and the run reads the
+"""The registry of fine-tuning tasks: name -> `TaskSpec` (its kind, reader and data fields;
+its recipe, the learning rate, batch and epochs, is configs/finetune.py's). `configs/finetune.py:<task>`
+builds its config from here and the run reads the
 task's records through it, so a new task is one `register(TaskSpec(...))` from any module;
 its kind (bert_jax/finetune/kinds) says how it is featurized, trained and scored.
 
@@ -51,14 +52,12 @@ class TaskSpec:
   `kind` is a kinds name, or a function of the data config where the data decides (generic
   tables: classification or regression). `labels` is the label list known before any data is
   read (GLUE's, CoNLL-2003's), which ahead-of-time compilation sizes the head with; None: the
-  data's. `data_fields(d)` adds the task's fields to the data block; `defaults(c)` changes the
-  run's defaults (learning rate, batch, epochs) where the paper's recipe differs.
+  data's. `data_fields(d)` adds the task's fields to the data block.
   """
   name: str
   kind: str | Callable[[ml_collections.ConfigDict], str]
   read: Callable[[str, ml_collections.ConfigDict], TaskRecords]
   data_fields: Callable[[ml_collections.ConfigDict], None]
-  defaults: Callable[[ml_collections.ConfigDict], None] = lambda c: None
   labels: tuple[str, ...] | None = None
 
   def kind_for(self, d: ml_collections.ConfigDict) -> str:
@@ -272,11 +271,7 @@ def _conll_fields(d) -> None:
   d.labels = ''  # comma list of tags; empty: CoNLL-2003's if the data fits, else the train's
 
 
-def _learning_rate_5e5(c) -> None:  # the paper's SQuAD setting; the usual NER one
-  c.optimizer.learning_rate = 5e-5
-
-
-register(TaskSpec('conll', 'tagging', _read_conll, _conll_fields, _learning_rate_5e5,
+register(TaskSpec('conll', 'tagging', _read_conll, _conll_fields,
                   labels=conll.CONLL2003_LABELS))
 
 
@@ -318,15 +313,8 @@ def _squad_fields(d) -> None:
   d.max_misaligned_fraction = 0.01
 
 
-def _squad_v2_defaults(c) -> None:  # the paper: 2 epochs, batch 48 for SQuAD 2.0
-  _learning_rate_5e5(c)
-  c.train.num_epochs = 2
-  c.train.global_batch_size = 48
-
-
-register(TaskSpec('squad', 'span', _read_squad, _squad_fields, _learning_rate_5e5, labels=()))
-register(TaskSpec('squad_v2', 'span', _read_squad, _squad_fields, _squad_v2_defaults,
-                  labels=()))
+register(TaskSpec('squad', 'span', _read_squad, _squad_fields, labels=()))
+register(TaskSpec('squad_v2', 'span', _read_squad, _squad_fields, labels=()))
 
 
 # ----------------------------------------------------------------------------- SWAG
@@ -351,12 +339,7 @@ def _swag_fields(d) -> None:
   d.test_file = ''  # optional test.csv: no labels, so predicted (predictions/test.tsv)
 
 
-def _swag_defaults(c) -> None:  # the paper, section 4.4: 3 epochs, learning rate 2e-5, batch 16
-  c.train.global_batch_size = 16
-
-
-register(TaskSpec('swag', 'multiple_choice', _read_swag, _swag_fields, _swag_defaults,
-                  labels=()))
+register(TaskSpec('swag', 'multiple_choice', _read_swag, _swag_fields, labels=()))
 
 
 # ----------------------------------------------------------------------------- generic
@@ -419,12 +402,4 @@ def _pair_fields(d) -> None:
   d.similarity_scale = 20.0  # MultipleNegativesRankingLoss's scale (1 / temperature)
 
 
-def _pair_defaults(c) -> None:
-  # sentence-transformers' trainer defaults (HF's: learning rate 5e-5, 10% warmup here), a
-  # larger batch: every other row's texts are a query's negatives.
-  c.optimizer.learning_rate = 5e-5
-  c.train.global_batch_size = 64
-
-
-register(TaskSpec('embedding', 'sentence_embedding', _read_pairs, _pair_fields,
-                  _pair_defaults, labels=()))
+register(TaskSpec('embedding', 'sentence_embedding', _read_pairs, _pair_fields, labels=()))
