@@ -189,7 +189,7 @@ def test_two_processes_share_a_gs_workdir(gcs):
 
 
 def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(gcs, data):
-  """The README's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir is
+  """docs/pods.md's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir is
   a fine-tuning start point (`load_start_point`) and a `train.init_from` one, whose vocabulary
   is compared by content with the run's (here a local copy of the same file)."""
   import jax  # pylint: disable=g-import-not-at-top
