@@ -428,19 +428,40 @@ def _run_qa_answers(theirs, examples, start_logits, end_logits, n_best=20, max_l
 
 def _run_qa_positions(theirs, e):
   """prepare_train_features' start and end token of the first answer (0, 0 when outside)."""
-  enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True)
-  offsets, seq = enc['offset_mapping'], enc.sequence_ids()
-  start_char = e.answers[0].start
-  end_char = start_char + len(e.answers[0].text)
-  first = seq.index(1)
-  last = len(seq) - 1 - seq[::-1].index(1)
-  if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
-    return 0, 0
-  while first < len(offsets) and offsets[first][0] <= start_char:
-    first += 1
-  while offsets[last][1] >= end_char:
-    last -= 1
-  return first - 1, last + 1
+  (window,) = _run_qa_train_features(theirs, e)
+  return window['start'], window['end']
+
+
+def _run_qa_train_features(theirs, e, max_length=None, stride=0):
+  """run_qa.py's prepare_train_features for one example: `theirs(question.lstrip(), context,
+  truncation='only_second', max_length, stride, return_overflowing_tokens=True,
+  return_offsets_mapping=True)` (no truncation without max_length: one window), and in each
+  window the first answer's start and end token, [CLS]'s (0) when the window does not hold
+  it all. HF's `stride` is the overlap of consecutive windows, in tokens."""
+  kwargs = {} if max_length is None else dict(
+      truncation='only_second', max_length=max_length, stride=stride,
+      return_overflowing_tokens=True)
+  enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True, **kwargs)
+  rows = enc['input_ids'] if max_length is not None else [enc['input_ids']]
+  windows = []
+  for k in range(len(rows)):
+    offsets = (enc['offset_mapping'][k] if max_length is not None else enc['offset_mapping'])
+    seq = enc.sequence_ids(k)
+    start_char = e.answers[0].start
+    end_char = start_char + len(e.answers[0].text)
+    first = seq.index(1)
+    last = len(seq) - 1 - seq[::-1].index(1)
+    start = end = 0
+    if offsets[first][0] <= start_char and offsets[last][1] >= end_char:
+      while first < len(offsets) and offsets[first][0] <= start_char:
+        first += 1
+      while offsets[last][1] >= end_char:
+        last -= 1
+      start, end = first - 1, last + 1
+    windows.append({'input_ids': rows[k], 'start': start, 'end': end,
+                    'offsets': {i: tuple(o) for i, (o, s) in enumerate(zip(offsets, seq))
+                                if s == 1}})
+  return windows
 
 
 @pytest.mark.parametrize('name', ['roberta', 'roberta_files', 'modernbert', 'unigram'])
@@ -743,3 +764,47 @@ def test_export_gives_the_start_points_offsets(layouts, name, tmp_path):
   if isinstance(ours, HFTokenizer):
     for text, offsets in zip(OFFSET_TEXTS, want[1]):
       assert ours.encode_with_offsets(text)[1] == [tuple(o) for o in offsets[1:-1]]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'modernbert'])
+def test_squad_windows_of_a_long_context_equal_hf_run_qa(layouts, name):
+  """The doc_stride overflow path with a byte-level BPE tokenizer.json: contexts of several
+  windows, answers in the second window or later. Per example the windows' ids, training
+  start/end positions and context offsets equal run_qa.py's prepare_train_features (HF's
+  stride, the overlap, set to each window's context length less our doc_stride, the step
+  between window starts as in google-research/bert run_squad.py)."""
+  from input_pipeline.finetune import squad  # pylint: disable=g-import-not-at-top
+  ours = open_tokenizer(layouts[name])
+  theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
+  max_seq_length, doc_stride = 96, 40
+  rng = random.Random(1)
+  examples = []
+  for k in range(12):
+    context = '  '.join(DOCS[7 * k:7 * k + 7]) + ' It ran (1895-1943), in 2024.'
+    words = [m.span() for m in re.finditer(r'\S+', context)]
+    n = rng.randrange(len(words) // 2, len(words) - 2)  # past the first window
+    start, end = words[n][0], words[n + rng.randint(0, 1)][1]
+    if k % 3 == 0:
+      start = context.find('1895')  # inside the word "(1895-1943),"
+      end = start + 4
+    examples.append(squad.make_example(
+        f'q{k}', ' Which ' + context[slice(*words[rng.randrange(len(words))])] + '?', context,
+        [squad.Answer(context[start:end], start)], False, f'q{k}'))
+  features = squad.squad_features(examples, ours, max_seq_length=max_seq_length,
+                                  doc_stride=doc_stride, is_training=True)
+  specials = theirs.num_special_tokens_to_add(pair=True)
+  answered_late = 0
+  for index, e in enumerate(examples):
+    question = theirs(e.question_text.lstrip(), add_special_tokens=False)['input_ids']
+    context_length = max_seq_length - len(question) - specials
+    want = _run_qa_train_features(theirs, e, max_seq_length, context_length - doc_stride)
+    got = [f for f in features if f.example_index == index]
+    assert len(got) == len(want) >= 3
+    assert [f.input_ids[:f.num_tokens].tolist() for f in got] == [w['input_ids'] for w in want]
+    assert [(f.start_position, f.end_position) for f in got] == [
+        (w['start'], w['end']) for w in want]
+    assert [f.token_to_chars for f in got] == [w['offsets'] for w in want]
+    answered = [k for k, w in enumerate(want) if w['start']]
+    assert answered and answered[0] >= 1
+    answered_late += answered[0] >= 2
+  assert answered_late  # some answer lies in the third window or later
