@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.convert import start_points
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
 from bert_jax.pretrain import mlm_loss
 from bert_jax.training.run_setup import Objective, RunSetup, build, model_config
@@ -155,6 +156,11 @@ def objective(config) -> Objective:
   """Pre-training's objective from a config: BertForPreTraining, the MLM (+ sentence) loss
   with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout."""
   model_cfg = model_config(config)
+  start_points.check_max_seq_length(
+      model_cfg, config.data.max_seq_length,
+      f'model.size={config.model.size} model.arch={model_cfg.arch}\'s',
+      f'write the data with create_pretraining_data --max_seq_length={model_cfg.max_length} '
+      '(or less) and set --config.data.max_seq_length to it')
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
   if model_cfg.arch != 'bert' and sentence_objective != 'none':
