@@ -19,12 +19,15 @@ Casing is the normaliser's (probed as `spm_is_uncased` probes a SentencePiece mo
 Pairs: fine-tuning packs `cls a <pair_separator> b sep` with the separator the tokenizer's
 own pair template puts between the texts: RoBERTa's and XLM-R's `</s></s>`, BERT's and
 ModernBERT's one `[SEP]`, so features equal `AutoTokenizer(a, b)`'s. `save_pretrained`
-writes that template back (as a TemplateProcessing), so the export tokenizes pairs as the
-model was fine-tuned on them. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
+writes that template back (as a TemplateProcessing, after RoBERTa's offset trimming where the
+source trims), so the export tokenizes pairs as the model was fine-tuned on them and gives
+the source's character offsets. Pre-training's NSP/SOP pairs stay BERT's `cls a sep b sep`
 (only BERT-style models have a sentence objective).
 
-`encode_with_offsets` gives each token's character span in the text, which SQuAD features
-use with byte-level BPE (`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
+`encode_words` encodes a pre-split sentence's words (CoNLL tagging) as HF's `run_ner.py`
+does, each after its word-start space. `encode_with_offsets` gives each token's character
+span in the text, which SQuAD features use with byte-level BPE
+(`input_pipeline.finetune.squad`), as HF's `run_qa.py` does.
 """
 
 from __future__ import annotations
@@ -94,6 +97,25 @@ class HFTokenizer(Tokenizer):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+  def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+    """Each word of a pre-split sentence as `AutoTokenizer(words, is_split_into_words=True,
+    add_prefix_space=True)` encodes it: each word pre-tokenized alone (`is_pretokenized`) and,
+    where the pipeline marks a word by the space before it but puts none before a text
+    (`running_text_prefix`: byte-level BPE's 'Ġ'), after that space, so 'You' reads 'ĠYou' as
+    mid-sentence, not 'Y ou'. HF's run_ner.py loads byte-level tokenizers with
+    add_prefix_space=True (transformers 4's PreTrainedTokenizerFast and RobertaTokenizer turn it
+    into the ByteLevel pre-tokenizer's flag; 5's generic TokenizersBackend ignores it). A
+    normaliser's space (Gemma's '▁') gets the same space: AutoTokenizer has no flag for it, and
+    unmarked words are ids the model never saw mid-sentence."""
+    if not words:
+      return []
+    enc = self._tok.encode([self.running_text_prefix + w for w in words], is_pretokenized=True,
+                           add_special_tokens=False)
+    out = [[] for _ in words]
+    for i, word in zip(enc.ids, enc.word_ids):
+      out[word].append(i)
+    return out
+
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """(ids, each token's [start, end) characters in `text`) as `AutoTokenizer`'s
     offset_mapping gives them: the post-processor runs (RoBERTa's trims the 'Ġ' space off
@@ -138,8 +160,9 @@ class HFTokenizer(Tokenizer):
     return self._fingerprint
 
   def save_pretrained(self, path: str) -> None:
-    """tokenizer.json (our pair template) + tokenizer_config.json + special_tokens_map.json:
-    `AutoTokenizer.from_pretrained(path)` loads it with the same ids and special tokens.
+    """tokenizer.json (our pair template, after the source's offset trimming) +
+    tokenizer_config.json + special_tokens_map.json: `AutoTokenizer.from_pretrained(path)`
+    loads it with the same ids, offsets and special tokens.
     model_input_names are the source's (ModernBERT's: no token_type_ids), else
     token_type_ids only where the source's pairs have a second type (`pair_type_id`)."""
     from tokenizers import processors  # pylint: disable=g-import-not-at-top
@@ -147,11 +170,14 @@ class HFTokenizer(Tokenizer):
     roles = self.special_tokens
     cls, sep = roles['cls'], roles['sep']
     between = [self.id_to_token(i) for i in self.pair_separator]
-    tok.post_processor = processors.TemplateProcessing(
+    template = processors.TemplateProcessing(
         single=[cls, '$A', sep],
         pair=[cls, '$A', *between, f'$B:{self.pair_type_id}', f'{sep}:{self.pair_type_id}'],
         special_tokens=sorted({(cls, self.cls_id), (sep, self.sep_id),
                                *((t, self.token_to_id(t)) for t in between)}))
+    trimming = _offset_trimming(json.loads(tok.to_str()).get('post_processor'))
+    tok.post_processor = template if trimming is None else processors.Sequence(
+        [processors.ByteLevel(**trimming), template])
     specials = {f'{role}_token': roles[role] for role in ROLES if role in roles}
     config = self.tokenizer_config
     specials.update({k: _content(config[k]) for k in ('bos_token', 'eos_token')
@@ -170,6 +196,19 @@ class HFTokenizer(Tokenizer):
     fs.write_text(fs.join(path, 'tokenizer.json'), tok.to_str())
     fs.write_text(fs.join(path, 'tokenizer_config.json'), json.dumps(saved, indent=2))
     fs.write_text(fs.join(path, 'special_tokens_map.json'), json.dumps(specials, indent=2))
+
+
+def _offset_trimming(processor: dict | None) -> dict | None:
+  """The offset trimming of a post-processor (RoBERTa's `RobertaProcessing` and a ByteLevel
+  step: a token's span starts after its 'Ġ' space, `trim_offsets`) as a ByteLevel
+  post-processor's arguments, or None where it trims none. The export runs that step before
+  its template, so its offset_mapping (which run_qa.py reads answers by) stays the source's."""
+  steps = [processor or {}]
+  steps += steps[0].get('processors') or []
+  for p in steps:
+    if p.get('type') in ('RobertaProcessing', 'ByteLevel') and p.get('trim_offsets'):
+      return {'add_prefix_space': p.get('add_prefix_space', True), 'trim_offsets': True}
+  return None
 
 
 def _pair_separator(tok) -> tuple[int, ...]:

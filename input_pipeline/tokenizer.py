@@ -94,6 +94,13 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     raise NotImplementedError
 
+  def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+    """The ids of each word of a pre-split sentence (CoNLL's), as `AutoTokenizer(words,
+    is_split_into_words=True)` gives them: WordPiece and SentencePiece mark a word alike
+    wherever it stands, so each word alone. Byte-level BPE marks it by the space before it
+    (`HFTokenizer.encode_words`)."""
+    return self.encode_batch(words) if words else []
+
   def is_word_start(self, ids: np.ndarray) -> np.ndarray:
     return self.word_start_table[np.asarray(ids)]
 

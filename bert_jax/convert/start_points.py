@@ -215,6 +215,18 @@ def check_vocab_size(tokenizer, vocab_size: int, model: str, source: str, fix: s
                  '50,280 to 50,368)', model, vocab_size, tokens, source, vocab_size - tokens)
 
 
+def check_max_seq_length(cfg: BertConfig, length: int, model: str, fix: str) -> None:
+  """Rows of `length` tokens must fit `model`'s position table (`cfg.max_length`): RoBERTa's
+  positions start at pad + 1 = 2 (`position_offset`), so its 514 rows hold 512 tokens, and a
+  longer row would index past the table without a word. A ValueError names the fields and
+  `fix`."""
+  if length > cfg.max_length:
+    offset = f', positions from {cfg.position_offset}' if cfg.position_offset else ''
+    raise ValueError(f'data.max_seq_length={length} exceeds the {cfg.max_length} tokens '
+                     f'{model} position embeddings hold, max_position_embeddings='
+                     f'{cfg.max_position_embeddings}{offset}; {fix}')
+
+
 ALLOW_VOCAB_CHANGE = '--config.train.init_from_allow_vocab_change=True'
 
 

@@ -72,13 +72,8 @@ def load_start(config):
     raise ValueError('no start point: pass --init=<our workdir | HF directory | TF checkpoint>')
   start = start_points.load_start_point(config.init, do_lower_case=config.do_lower_case)
   start = start_points.with_config(start, run_setup.model_config(config, start.cfg))
-  length = config.data.max_seq_length
-  cfg = start.cfg
-  if length > cfg.max_length:  # RoBERTa's positions start at 2: 514 rows, 512 tokens
-    offset = f', positions from {cfg.position_offset}' if cfg.position_offset else ''
-    raise ValueError(f'data.max_seq_length={length} exceeds the {cfg.max_length} tokens the '
-                     f'start point\'s position embeddings hold, max_position_embeddings='
-                     f'{cfg.max_position_embeddings}{offset}; lower --config.data.max_seq_length')
+  start_points.check_max_seq_length(start.cfg, config.data.max_seq_length,
+                                    'the start point\'s', 'lower --config.data.max_seq_length')
   if start.tokenizer.vocab_size > start.cfg.vocab_size:
     raise ValueError(f'{config.init}: the tokenizer has {start.tokenizer.vocab_size} tokens but '
                      f'the model embeds {start.cfg.vocab_size}; the start point\'s vocabulary '

@@ -156,6 +156,11 @@ def objective(config) -> Objective:
   """Pre-training's objective from a config: BertForPreTraining, the MLM (+ sentence) loss
   with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout."""
   model_cfg = model_config(start_points.with_start_shape(config))
+  start_points.check_max_seq_length(
+      model_cfg, config.data.max_seq_length,
+      f'model.size={config.model.size} model.arch={model_cfg.arch}\'s',
+      f'write the data with create_pretraining_data --max_seq_length={model_cfg.max_length} '
+      '(or less) and set --config.data.max_seq_length to it')
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
   if not model_cfg.family.sentence_head and sentence_objective != 'none':

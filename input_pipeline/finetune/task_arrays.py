@@ -8,7 +8,9 @@ sentence cut to max_seq_length - 2, padding with the tokenizer's [PAD] id.
 
 Token classification labels the first sub-word of every word, as HuggingFace's `run_ner.py`
 with `label_all_tokens=False`: later sub-words, [CLS], [SEP] and padding get label -100 and
-weight 0. `word_ids` records which word every position belongs to, so
+weight 0. The words are encoded as run_ner.py's `tokenizer(words, is_split_into_words=True)`
+with `add_prefix_space=True` encodes them (`Tokenizer.encode_words`: a byte-level BPE word
+after its space, as mid-sentence). `word_ids` records which word every position belongs to, so
 `tags_from_predictions` maps per-position predictions back to one tag per word.
 
 Multiple choice pairs the context with each choice (`[CLS] context [SEP] choice_i [SEP]`)
@@ -175,7 +177,7 @@ def tagging_features(sentences: Sequence[TaggedSentence], tokenizer: Tokenizer,
   out['label_weights'] = np.zeros((n, max_seq_length), np.float32)
   out['word_ids'] = np.full((n, max_seq_length), -1, np.int32)
   for row, sentence in enumerate(sentences):
-    pieces = tokenizer.encode_batch(list(sentence.words)) if sentence.words else []
+    pieces = tokenizer.encode_words(list(sentence.words))
     word_ids = [w for w, p in enumerate(pieces) for _ in p][:max_seq_length - 2]
     ids = [t for p in pieces for t in p][:max_seq_length - 2]
     length = len(ids) + 2
