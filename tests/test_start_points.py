@@ -17,12 +17,12 @@ import torch
 import transformers
 
 import hf_reference
-from bert_jax.convert import hf, start_points
+from bert_jax.convert import hf, run_export, start_points, workdir as workdir_lib
 from bert_jax.model import heads
-from bert_jax.model.encoder import BertConfig, BertForPreTraining
+from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
 from bert_jax.pretrain import step as pretrain_step
-from bert_jax.training import checkpointing
-from configs import bert_tiny
+from bert_jax.training import checkpointing, run_setup
+from configs import bert_tiny, tapt, upgrade
 from input_pipeline.pretrain import corpus
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 
@@ -573,3 +573,78 @@ def test_sentencepiece_start_points_carry_the_model_casing(spm_models, tmp_path,
                                                   r'normaliser and pieces\)'):
       start_points.load_start_point(source, do_lower_case=not lower)
     assert start_points.load_start_point(source, do_lower_case=lower).do_lower_case is lower
+
+
+# ----------------------------------------------------------------------------- a start's shape
+
+
+def test_model_size_init_from_takes_a_released_shape_no_preset_has():
+  """configs/tapt.py continues the real all-MiniLM-L6-v2 (6 x 384, 12 heads, no preset's
+  shape) with model.size=init_from: the run's model is the start point's, its params fit, and
+  the filled-in config builds the same model again without the start point."""
+  config = tapt.get_config()
+  config.train.init_from = minilm_dir()
+  with pytest.raises(ValueError, match='model.hidden_size is not filled in'):
+    run_setup.model_config(config)
+  resolved = start_points.with_start_shape(config)
+  assert config.model.hidden_size is None  # the caller's config is left as it was
+  cfg = run_setup.model_config(resolved)
+  stored = start_points.load_start_point(minilm_dir()).cfg
+  shape = ('arch', 'vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
+           'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'hidden_act')
+  assert {f: getattr(cfg, f) for f in shape} == {f: getattr(stored, f) for f in shape}
+  assert (cfg.hidden_size, cfg.num_heads, cfg.num_layers) == (384, 12, 6)
+  step, params = start_points.pretraining_params(config.train.init_from, cfg)
+  assert step == 0 and params['encoder']['layer_0']['intermediate']['kernel'].shape == (384, 1536)
+  again = upgrade.upgrade_config(type(config)(json.loads(resolved.to_json_best_effort())))
+  assert run_setup.model_config(again) == cfg  # the workdir's config.json alone
+  mini = bert_tiny.get_config()
+  mini.model.size, mini.model.vocab_size = 'mini', 30522
+  mini.train.init_from = config.train.init_from
+  with pytest.raises(ValueError, match=r'hidden_size is 384, but the run\'s model has 256 .*'
+                                       r'--config\.model\.size=init_from to take its shape'):
+    start_points.pretraining_params(mini.train.init_from, run_setup.model_config(mini))
+
+
+def test_model_size_init_from_keeps_an_electra_small_embedding_split(tmp_path):
+  """ELECTRA-small's 256 hidden over 128-wide embeddings matches no size preset."""
+  small = BertConfig(arch='electra', vocab_size=100, hidden_size=256, embedding_size=128,
+                     num_layers=2, num_heads=4, intermediate_size=1024)
+  params = jax.tree_util.tree_map(np.asarray, init_params(small, jax.random.key(0)))
+  path = hf.save_pretrained(str(tmp_path / 'electra'), small, params)
+  config = bert_tiny.get_config()
+  config.model.size, config.train.init_from = 'init_from', path
+  cfg = run_setup.model_config(start_points.with_start_shape(config))
+  assert (cfg.arch, cfg.hidden_size, cfg.embedding_width, cfg.num_heads) == ('electra', 256, 128, 4)
+  _, got = start_points.pretraining_params(path, cfg)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, got['embeddings'], params['embeddings'])
+  with pytest.raises(ValueError, match=r'model.size=init_from takes the shape of '
+                                       r'train.init_from, which is not set'):
+    start_points.with_start_shape(_without_init_from())
+
+
+def _without_init_from():
+  config = bert_tiny.get_config()
+  config.model.size = 'init_from'
+  return config
+
+
+def test_an_export_carries_the_start_points_tokenizer_or_is_refused(workdir, tmp_path):
+  """Continued pre-training that names no data tokenizer exports the start point's; with
+  neither, the export is refused before anything is written (transformers could not load
+  it: `pipeline('fill-mask')` fails inside its tokenizer loading)."""
+  path, saved = workdir
+  config = workdir_lib.load_run_config(path)
+  vocab = config.data.vocab_file
+  start = hf.save_pretrained(str(tmp_path / 'start'), TINY.replace(scan_layers=False), saved[3],
+                             tokenizer=WordPieceTokenizer(vocab, do_lower_case=True))
+  config.data.vocab_file, config.train.init_from = '', start
+  out = run_export.export_workdir(path, str(tmp_path / 'export'), config=config)
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  assert tok.convert_ids_to_tokens([5, 6]) == ['the', 'a']
+  config.train.init_from = ''
+  with pytest.raises(ValueError, match=r'no tokenizer to export with: the run names no '
+                                       r'data.vocab_file, data.spm_model or data.tokenizer; '
+                                       r'pass .*--config.data.tokenizer'):
+    run_export.export_workdir(path, str(tmp_path / 'refused'), config=config)
+  assert not (tmp_path / 'refused').exists()
