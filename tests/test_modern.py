@@ -192,9 +192,9 @@ def test_export_loads_in_transformers_with_no_missing_keys_and_imports_back(tmp_
   real = mask.astype(bool)
   assert_trees_close(np.asarray(got.mlm_logits)[real], want[real], RTOL)
 
-  start = loaders.LOADERS[loaders.HF_DIR](out, None, True, None, False, {})
+  start = loaders.LOADERS[loaders.HF_DIR](out, None, True, None, False)
   assert start.cfg == cfg.replace(scan_layers=True)
-  relaid = loaders._relayout(params, False, cfg.num_layers, True)
+  relaid = loaders.relayout(params, False, cfg.num_layers, True)
   layer0_norm = relaid['encoder']['layers']['attention_layer_norm']['scale'][0]
   relaid['encoder']['layers']['attention_layer_norm']['scale'][0] = np.ones_like(layer0_norm)
   assert_trees_close(start.params, relaid, 0.0)

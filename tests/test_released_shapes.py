@@ -282,7 +282,7 @@ def test_export_loads_in_transformers_4_and_5_and_back_as_a_start_point(family, 
         f'{family.name} export in {transformers.__version__}')
 
   # train.init_from / --init: the export is a start point with the same config and weights.
-  start = loaders.LOADERS[loaders.HF_DIR](out, None, True, None, False, {})
+  start = loaders.LOADERS[loaders.HF_DIR](out, None, True, None, False)
   assert start.cfg == family.cfg
   assert_same_trees(start.params, family.params)
 
