@@ -23,6 +23,11 @@ fused-attention calls forward and backward) and the fallbacks bert_jax/model/att
 tokens/s = rows x length / step; MFU = `flops.train_flops_per_step` (local layers count their
 window, MLM head on the predicted positions) / step / the device's bf16 dense peak
 (`flops.KNOWN_PEAKS`), the same model FLOPs for every side.
+
+On one H200 (2026-11-27, benchmarks/RESULTS.md) each config ran in its own process under
+`timeout`: ModernBERT-base took 3.6 minutes (compiles 36 s xla, 27 s cudnn); BERT-large's HF
+and xla sides 2.9 minutes (xla compile 55 s), and its cudnn step had not finished compiling and
+timing 126 s later, when the process's 300 s ran out: give it more, or run it alone first.
 """
 
 from __future__ import annotations
@@ -97,6 +102,13 @@ def attempt(fn, *args) -> dict:
     return {'error': f'{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}'}
 
 
+def write(path: str | None, info: dict, peak: float, args, results: list) -> None:
+  if path:
+    with open(path, 'w') as f:
+      json.dump({'versions': info, 'peak_flops': peak, 'steps': args.steps,
+                 'warmup': args.warmup, 'results': results}, f, indent=1)
+
+
 def versions() -> dict:
   import flax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
@@ -138,6 +150,7 @@ def main():
         print(json.dumps({'config': spec, 'hf': r['hf']}), flush=True)
       r['ours'][impl] = attempt(gpu_step.ours, setup, host, args.steps, args.warmup)
       print(json.dumps({'config': spec, 'impl': impl, **r['ours'][impl]}), flush=True)
+      write(args.out, info, peak, args, results + [r])  # a process killed later keeps these
     results.append(r)
 
   print('\n| config | side | step ms | tokens/s | MFU | speed / ours xla | attention that ran |')
@@ -156,10 +169,6 @@ def main():
       print(f'| {r["config"]} | {side} | {1e3 * step_s:.1f} | {seq * batch / step_s:,.0f} | '
             f'{r["model_flops"] / step_s / peak:.1%} | '
             f'{f"{base / step_s:.2f}x" if base else "n/a"} | {ran} |')
-  if args.out:
-    with open(args.out, 'w') as f:
-      json.dump({'versions': info, 'peak_flops': peak, 'steps': args.steps,
-                 'warmup': args.warmup, 'results': results}, f, indent=1)
 
 
 if __name__ == '__main__':
