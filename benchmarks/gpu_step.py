@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import harness
 import jax
@@ -76,7 +77,18 @@ def ours(setup, host: list[dict], steps: int, warmup: int) -> dict:
   rows, seq, preds = harness.batch_geometry(setup)
   return dict(compile_s=bare.compile_s, bare_s=bare.timing.median,
               fed_s=fed_timing.median, loss=float(jax.device_get(previous['metrics']['loss'])),
-              model_flops=flops.train_flops_per_step(setup.model_cfg, rows, seq, preds))
+              model_flops=flops.train_flops_per_step(setup.model_cfg, rows, seq, preds),
+              **fused_attention(bare.step))
+
+
+def fused_attention(compiled) -> dict:
+  """What attention the compiled step runs: its cuDNN fused-attention calls (forward and
+  backward; 0 where XLA's own core runs) and every custom-call target in its optimised HLO."""
+  targets = re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())
+  fmha = [t for t in targets if 'fmha' in t]
+  backward = sum('Backward' in t for t in fmha)
+  return dict(cudnn_fmha_forward=len(fmha) - backward, cudnn_fmha_backward=backward,
+              custom_calls=sorted(set(targets)))
 
 
 def hf_step(size: str, host: list[dict], attention_dropout: float = 0.1,
@@ -117,11 +129,22 @@ def hf_step(size: str, host: list[dict], attention_dropout: float = 0.1,
 
 def hf_torch(size: str, host: list[dict], steps: int, warmup: int,
              attention_dropout: float = 0.1, hidden_dropout: float = 0.1) -> dict:
-  import torch  # pylint: disable=g-import-not-at-top
   step, device_batches = hf_step(size, host, attention_dropout, hidden_dropout)
-  timing = harness.timed(lambda i: step(device_batches[i % 2]), steps=steps, warmup=warmup,
-                         sync=lambda _: torch.cuda.synchronize(), back_to_back=True)
-  return dict(step_s=timing.median)
+  return torch_timed(step, device_batches, steps, warmup)
+
+
+def torch_timed(step, device_batches: list, steps: int, warmup: int) -> dict:
+  """A PyTorch CUDA step timed as ours' bare step (the batches alternated, back to back, one
+  sync at the end): its seconds, last loss and peak memory allocated."""
+  import torch  # pylint: disable=g-import-not-at-top
+  cuda = device_batches[0]['input_ids'].is_cuda  # else a CPU smoke run
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()
+  timing = harness.timed(lambda i: step(device_batches[i % len(device_batches)]), steps=steps,
+                         warmup=warmup, back_to_back=True,
+                         sync=lambda _: torch.cuda.synchronize() if cuda else None)
+  return dict(step_s=timing.median, loss=timing.results[-1].item(),
+              peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
 
 
 def parse_config(spec: str, flag: str) -> tuple[str, int, int]:

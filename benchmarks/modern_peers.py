@@ -143,31 +143,44 @@ def worker_ours_unrolled(g: dict, steps: int) -> dict:
   return worker_ours(g, steps, unrolled=True)
 
 
-def worker_torch(g: dict, steps: int) -> dict:
+def hf_step(g: dict, host: list, device: str = 'cpu', bf16: bool = False):
+  """HF ModernBertForMaskedLM of `g`'s shapes (float32 weights, sdpa, sparse prediction) with
+  optimi's StableAdamW as above, and `host`'s batches on `device`: (step(batch) -> loss
+  tensor, device batches, model). `bf16`: the forward under bfloat16 autocast (GPU runs)."""
   import optimi  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
   hf = {k: v for k, v in g['hf'].items() if k not in ('architectures', 'model_type')}
   cfg = transformers.ModernBertConfig(**hf, sparse_prediction=True, attn_implementation='sdpa')
-  model = transformers.ModernBertForMaskedLM(cfg).float().train()
+  model = transformers.ModernBertForMaskedLM(cfg).float().to(device).train()
   params = [p for p in model.parameters() if p.requires_grad]  # the tied decoder once
   groups = [{'params': [p for p in params if p.ndim > 1]},
             {'params': [p for p in params if p.ndim <= 1], 'weight_decay': 0.0}]
   lr = 1e-4
   opt = optimi.StableAdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=1e-5,
                            decouple_lr=True, max_lr=lr)
-  batches = [dict(input_ids=torch.from_numpy(b['input_ids']).long(),
-                  attention_mask=torch.from_numpy(b['input_mask']).long(),
-                  labels=torch.from_numpy(full_labels(b))) for b in data(g)]
+  batches = [{k: torch.from_numpy(v).long().to(device) for k, v in
+              dict(input_ids=b['input_ids'], attention_mask=b['input_mask'],
+                   labels=full_labels(b)).items()} for b in host]
 
-  def step(i):
+  def step(x):
     opt.zero_grad(set_to_none=True)
-    loss = model(**batches[i % len(batches)]).loss
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+      loss = model(**x).loss
     loss.backward()
     opt.step()
-    return loss.item()
+    return loss
 
+  return step, batches, model
+
+
+def worker_torch(g: dict, steps: int) -> dict:
+  import optimi  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  one, batches, model = hf_step(g, data(g))
+  step = lambda i: one(batches[i % len(batches)]).item()  # noqa: E731
   host = lambda r: r  # noqa: E731  (CPU torch returns when done)
   timing, cpu = timed_with_cpu(step, steps, host)
   a = torch.ones(2048, 2048)

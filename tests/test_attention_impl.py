@@ -238,6 +238,22 @@ def test_cudnn_falls_back_where_the_row_layout_does_not_allow_it(caplog):
   assert 'multiple of 128' in caplog.text
 
 
+def test_cudnn_local_layers_over_long_rows_say_they_run_the_chunked_xla_core(caplog):
+  """ModernBERT's sliding window at 1,024 tokens: the chunked core, whatever was asked for;
+  the log says so rather than leaving cudnn's name on it."""
+  attn._logged.clear()
+  q = jax.random.normal(jax.random.key(0), (1, 512, 2, 16), jnp.bfloat16)
+  groups = jnp.ones((1, 512), jnp.int32)
+  mask = attn.attention_mask(None, None, 1, 512)
+  with caplog.at_level(logging.WARNING):
+    out = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
+                               implementation='cudnn')
+  expected = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
+                                  implementation='xla')
+  assert jnp.array_equal(out, expected)
+  assert 'xla instead of cudnn for sliding-window layers over rows of 512 tokens' in caplog.text
+
+
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
   """`python -m bert_jax.aot ARGS` started as tests/test_aot.py runs it (several may compile
   at once); `dump`: XLA's HLO dumps there."""

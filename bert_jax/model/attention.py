@@ -18,7 +18,8 @@ Three cores:
 `jax.nn.dot_product_attention(implementation='xla')` where they call it), `splash` (TPU: the
 Pallas splash kernel for global and local layers, splash.py; elsewhere in Pallas interpret
 mode, for tests), `cudnn` (GPU: `jax.nn.dot_product_attention(implementation='cudnn')` in the
-dense global and short-row local cores), `auto` (TPU: splash, GPU: cudnn, else xla), or None
+dense global and short-row local cores; local layers over rows of four chunks or more run the
+chunked xla core, said once in the log), `auto` (TPU: splash, GPU: cudnn, else xla), or None
 (jax.nn.dot_product_attention picks, as before `auto` existed). Where the choice cannot run a
 call, that call takes the xla core and says so once in the log: splash and cudnn with
 attention dropout in training, splash on rows not a multiple of 128 tokens, cudnn on packed
@@ -254,6 +255,9 @@ def local_attention(q, k, v, mask, groups, *, half_window: int, packed: bool,
   if length < MIN_CHUNKS * half_window:
     return global_attention(q, k, v, mask & band(length, half_window), dropout_rate=dropout_rate,
                             key=key, implementation=implementation)
+  if implementation == 'cudnn':  # no sliding-window kernel wired: say what runs instead
+    _log_once(f'model.attention_impl=cudnn: xla instead of cudnn for sliding-window layers '
+              f'over rows of {length} tokens (the chunked core)')
   return _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key)
 
 
