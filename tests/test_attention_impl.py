@@ -248,11 +248,13 @@ def test_cudnn_falls_back_where_the_row_layout_does_not_allow_it(caplog):
 
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
   """`python -m bert_jax.aot ARGS` started as tests/test_aot.py runs it (several may compile
-  at once); `dump`: XLA's HLO dumps there."""
+  at once); `dump`: XLA's HLO dumps of the train step there (the other modules' dumps,
+  init's and the rest, are not read)."""
   paths = [LIBTPU, ROOT] if libtpu else [ROOT]
   if libtpu and not os.path.isdir(os.path.join(LIBTPU, 'libtpu')):
     pytest.fail(f'{LIBTPU}: no libtpu; run bash scripts/setup_env.sh (requirements-aot.txt)')
-  xla_flags = f'--xla_dump_to={dump} --xla_dump_hlo_as_text' if dump else ''
+  xla_flags = (f'--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step'
+               if dump else '')
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), XLA_FLAGS=xla_flags,
              TPU_WORKER_HOSTNAMES='localhost', TPU_ACCELERATOR_TYPE='v4-8',
              ALLOW_MULTIPLE_LIBTPU_LOAD='1')
