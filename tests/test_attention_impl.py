@@ -3,6 +3,7 @@ cores, core by core and through a whole tiny model, heads sharded over a (1, 1, 
 `auto` per platform, the xla fallback where splash cannot run (attention dropout), and a
 deviceless TPU compile of a splash step (bert_jax/model/attention.py, splash.py)."""
 
+import functools
 import json
 import logging
 import os
@@ -145,6 +146,13 @@ def test_heads_sharded_over_the_tensor_axis():
     assert max(diffs) <= 1e-5, diffs
 
 
+@functools.lru_cache
+def tiny_params(cfg: BertConfig):
+  """`cfg`'s params from key 0, made once a module by one jitted init (an eager Flax init
+  dispatches and compiles op by op: 3x the time; the values are the same)."""
+  return jax.jit(encoder.init_params, static_argnums=0)(cfg, jax.random.key(0))
+
+
 def model_loss(cfg, params, batch, deterministic=True, rng=None):
   out = BertForPreTraining(cfg).apply(
       {'params': params}, batch['input_ids'], batch.get('input_mask'),
@@ -181,7 +189,7 @@ def test_whole_tiny_model_loss_and_gradients_equal(arch, packed, scan):
   length = 256 if arch == 'modern' else 128
   extra = dict(local_window=64) if arch == 'modern' else {}
   cfg = BertConfig.from_preset('tiny', arch=arch, vocab_size=512, scan_layers=scan, **extra)
-  params = encoder.init_params(cfg, jax.random.key(0))
+  params = tiny_params(cfg)
   batch = tiny_batch(length, 512, packed)
   results = {}
   for impl in ('xla', 'splash'):
@@ -199,12 +207,12 @@ def test_attention_dropout_in_training_falls_back_to_xla_and_says_so(caplog):
   same numbers, same rng), said once in the log; eval (deterministic) runs splash."""
   attn._logged.clear()
   cfg = BertConfig.from_preset('tiny', vocab_size=512, scan_layers=False)
-  params = encoder.init_params(cfg, jax.random.key(0))
+  params = tiny_params(cfg)
   batch = tiny_batch(128, 512, packed=False)
   rng = jax.random.key(1)
   with caplog.at_level(logging.WARNING):
-    losses = [model_loss(cfg.replace(attention_impl=impl), params, batch, False, rng)
-              for impl in ('xla', 'splash')]
+    losses = [jax.jit(lambda p, b, r, c=cfg.replace(attention_impl=impl): model_loss(
+        c, p, b, False, r))(params, batch, rng) for impl in ('xla', 'splash')]
   assert float(losses[0]) == float(losses[1])
   assert any('xla instead of splash for attention dropout' in r.getMessage()
              for r in caplog.records)
@@ -256,11 +264,13 @@ def test_cudnn_local_layers_over_long_rows_say_they_run_the_chunked_xla_core(cap
 
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
   """`python -m bert_jax.aot ARGS` started as tests/test_aot.py runs it (several may compile
-  at once); `dump`: XLA's HLO dumps there."""
+  at once); `dump`: XLA's HLO dumps of the train step there (the other modules' dumps,
+  init's and the rest, are not read)."""
   paths = [LIBTPU, ROOT] if libtpu else [ROOT]
   if libtpu and not os.path.isdir(os.path.join(LIBTPU, 'libtpu')):
     pytest.fail(f'{LIBTPU}: no libtpu; run bash scripts/setup_env.sh (requirements-aot.txt)')
-  xla_flags = f'--xla_dump_to={dump} --xla_dump_hlo_as_text' if dump else ''
+  xla_flags = (f'--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step'
+               if dump else '')
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), XLA_FLAGS=xla_flags,
              TPU_WORKER_HOSTNAMES='localhost', TPU_ACCELERATOR_TYPE='v4-8',
              ALLOW_MULTIPLE_LIBTPU_LOAD='1')

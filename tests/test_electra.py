@@ -16,12 +16,16 @@ import transformers
 
 from bert_jax.convert import hf, hf_electra, hf_heads, loaders, start_points
 from bert_jax.convert import sentence_transformers_export as st
-from bert_jax.model import heads
-from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
+from bert_jax.model import encoder, heads
+from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.training import run_setup
 from configs import bert_tiny
 from tests.hf_reference import randomize, state_dict
 from tests.tolerance import assert_trees_close
+
+# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
+init_params = jax.jit(encoder.init_params, static_argnums=0)
+head_init = jax.jit(heads.init_params, static_argnums=(0, 1))
 
 LENGTH = 24
 # ELECTRA-small's quirk at a tiny size: embeddings (32) narrower than the layers (64), so
@@ -64,7 +68,7 @@ def real(x, mask):
 
 
 def apply(cfg, params, ids, mask, segments=None):
-  return BertForPreTraining(cfg).apply(
+  return jax.jit(BertForPreTraining(cfg).apply)(
       {'params': params}, jnp.asarray(ids), jnp.asarray(mask),
       None if segments is None else jnp.asarray(segments))
 
@@ -114,8 +118,8 @@ def test_task_heads_match_hf_and_export_their_keys(task, cls, head_kw):
   ids, mask, segments = rows(cfg.vocab_size, batch=4)
   if task == heads.MULTIPLE_CHOICE:
     ids, mask, segments = (x.reshape(2, 2, LENGTH) for x in (ids, mask, segments))
-  out = heads.build_model(cfg, head).apply({'params': params}, jnp.asarray(ids),
-                                           jnp.asarray(mask), jnp.asarray(segments))
+  out = jax.jit(heads.build_model(cfg, head).apply)({'params': params}, jnp.asarray(ids),
+                                                    jnp.asarray(mask), jnp.asarray(segments))
   ref = torch_out(model, ids, mask, segments)
   if task == heads.SPAN:
     got, want = (out.start_logits, out.end_logits), (ref.start_logits, ref.end_logits)
@@ -164,7 +168,7 @@ def test_finetuned_export_loads_in_transformers_and_back_as_a_start_point(tmp_pa
   cfg = small_cfg()
   head = heads.Head(heads.SEQUENCE, num_labels=3, labels=('a', 'b', 'c'))
   params = jax.tree_util.tree_map(lambda x: np.asarray(x) + np.float32(0.05),
-                                  heads.init_params(cfg, head, jax.random.key(1)))
+                                  head_init(cfg, head, jax.random.key(1)))
   assert set(params) == {'embeddings', 'encoder', 'classifier'}
   out = hf_heads.save_finetuned(str(tmp_path / 'cls'), cfg, head, params)
   model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -173,8 +177,8 @@ def test_finetuned_export_loads_in_transformers_and_back_as_a_start_point(tmp_pa
   assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
   ids, mask, segments = rows(cfg.vocab_size)
   want = torch_out(model.eval(), ids, mask, segments).logits
-  got = heads.build_model(cfg, head).apply({'params': params}, jnp.asarray(ids),
-                                           jnp.asarray(mask), jnp.asarray(segments))
+  got = jax.jit(heads.build_model(cfg, head).apply)({'params': params}, jnp.asarray(ids),
+                                                    jnp.asarray(mask), jnp.asarray(segments))
   assert_trees_close(got, np.asarray(want), RTOL)
 
   start = start_points.load_start_point(out, require_tokenizer=False)

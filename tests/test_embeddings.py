@@ -21,11 +21,14 @@ from sentence_transformers.sentence_transformer import losses as st_losses, modu
 
 from bert_jax.convert import sentence_transformers_export as st_export, start_points
 from bert_jax.finetune import contrastive, retrieval
-from bert_jax.model import heads
-from bert_jax.model.encoder import BertConfig, init_params
+from bert_jax.model import encoder, heads
+from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
 from input_pipeline.finetune import pairs
 from input_pipeline.tokenizer import WordPieceTokenizer
+
+# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
+init_params = jax.jit(encoder.init_params, static_argnums=0)
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
 COSINE_BAR = 1e-5

@@ -16,6 +16,13 @@ from tolerance import assert_trees_close
 TINY = BertConfig.from_preset('tiny')
 
 
+@pytest.fixture(scope='module')
+def tiny_params():
+  """BERT-tiny's float32 params, made once for the module and by one jitted init (an eager
+  Flax init dispatches and compiles op by op: 3x the time); the same values either way."""
+  return jax.jit(init_params, static_argnums=0)(TINY, jax.random.key(0))
+
+
 def apply(cfg, params, **features):
   # jit: op-by-op dispatch of an un-jitted Flax apply is several times slower on CPU.
   return jax.jit(lambda p, f: BertForPreTraining(cfg).apply({'params': p}, **f))(params, features)
@@ -45,8 +52,8 @@ def _solo(rng, length, real):
   return ids, seg, mask
 
 
-def test_packed_row_gives_each_instance_its_solo_outputs():
-  params = init_params(TINY, jax.random.key(0))
+def test_packed_row_gives_each_instance_its_solo_outputs(tiny_params):
+  params = tiny_params
   rng = np.random.default_rng(0)
   length, lens, predictions = 32, (12, 9, 7), (np.array([1, 4, 10]), np.array([2, 3, 8]),
                                                np.array([1, 5, 6]))
@@ -73,8 +80,8 @@ def test_packed_row_gives_each_instance_its_solo_outputs():
     np.testing.assert_allclose(packed.pooled_output[0, k], out.pooled_output[0], atol=1e-5)
 
 
-def test_padding_never_changes_real_token_outputs():
-  params = init_params(TINY, jax.random.key(0))
+def test_padding_never_changes_real_token_outputs(tiny_params):
+  params = tiny_params
   ids, seg, _ = _solo(np.random.default_rng(1), 16, 16)
   short = apply(TINY, params, input_ids=ids[None], segment_ids=seg[None],
                 masked_lm_positions=np.array([[3, 7]]))
@@ -89,9 +96,9 @@ def test_padding_never_changes_real_token_outputs():
   np.testing.assert_allclose(long.nsp_logits, short.nsp_logits, atol=1e-5)
 
 
-def test_bfloat16_forward_is_close_to_float32():
+def test_bfloat16_forward_is_close_to_float32(tiny_params):
   """bf16 compute with float32 params: MLM logits within 0.05 of float32 (logit std ~1)."""
-  params = init_params(TINY, jax.random.key(0))
+  params = tiny_params
   ids, seg, mask = _solo(np.random.default_rng(2), 32, 28)
   feats = dict(input_ids=ids[None], input_mask=mask[None], segment_ids=seg[None],
                masked_lm_positions=np.array([[1, 5, 9, 20]]))
@@ -119,12 +126,12 @@ def _scatter_adds(jaxpr) -> list:
   return found
 
 
-def test_bfloat16_embedding_gradients_never_scatter_in_bfloat16():
+def test_bfloat16_embedding_gradients_never_scatter_in_bfloat16(tiny_params):
   """A bf16 scatter-add has no native GPU atomic: the embedding tables' gradients were 100 of
   214 ms of a BERT-base bf16 step on an H100. They must accumulate in float32, and the
   two-row token-type table's by a matmul (one-hot), not 32k atomic adds into two rows."""
   cfg = TINY.replace(dtype='bfloat16')
-  params = init_params(cfg, jax.random.key(0))
+  params = tiny_params  # float32 params whatever the compute dtype
   ids, seg, mask = _solo(np.random.default_rng(5), 16, 14)
 
   def loss(p):
@@ -142,8 +149,8 @@ def test_bfloat16_embedding_gradients_never_scatter_in_bfloat16():
   assert 'token_type' not in {name for name, _ in into_tables}, into_tables
 
 
-def test_dropout_is_active_only_in_training_and_seeded():
-  params = init_params(TINY, jax.random.key(0))
+def test_dropout_is_active_only_in_training_and_seeded(tiny_params):
+  params = tiny_params
   ids, seg, mask = _solo(np.random.default_rng(3), 16, 16)
   feats = dict(input_ids=ids[None], input_mask=mask[None], segment_ids=seg[None],
                masked_lm_positions=np.array([[1, 2]]))
@@ -157,8 +164,8 @@ def test_dropout_is_active_only_in_training_and_seeded():
 
 
 @pytest.mark.parametrize('policy', ['full', 'dots', 'projections'])
-def test_remat_does_not_change_gradients(policy):
-  params = init_params(TINY, jax.random.key(0))
+def test_remat_does_not_change_gradients(tiny_params, policy):
+  params = tiny_params
   ids, seg, mask = _solo(np.random.default_rng(4), 16, 14)
 
   def loss(p, cfg):
@@ -173,8 +180,8 @@ def test_remat_does_not_change_gradients(policy):
   assert_trees_close(g1, g0, rtol=1e-6)
 
 
-def test_gelu_tanh_is_selectable_and_differs_from_erf():
-  params = init_params(TINY, jax.random.key(0))
+def test_gelu_tanh_is_selectable_and_differs_from_erf(tiny_params):
+  params = tiny_params
   ids = np.arange(5, 21, dtype=np.int32)[None]
   erf = apply(TINY, params, input_ids=ids).mlm_logits
   tanh = apply(TINY.replace(hidden_act='gelu_tanh'), params, input_ids=ids).mlm_logits
@@ -215,7 +222,7 @@ def test_projections_policy_recomputes_the_glu_input_that_dots_keeps(capsys):
   """`remat_policy=projections` is `dots` without GeGLU's [B, S, 2, I] input projection (the
   widest activation of a modern layer), which decides what fits a chip at 8,192 tokens."""
   cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=128, scan_layers=False)
-  params = init_params(cfg, jax.random.key(0))
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))
   ids = np.arange(3, 35, dtype=np.int32)[None]
 
   def saved(policy) -> str:

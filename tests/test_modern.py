@@ -11,10 +11,13 @@ import torch
 import transformers
 
 from bert_jax.convert import hf, hf_heads, hf_modern, loaders
-from bert_jax.model import attention, heads
-from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
+from bert_jax.model import attention, encoder, heads
+from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from tests.hf_reference import randomize, state_dict
 from tests.tolerance import assert_trees_close
+
+# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
+init_params = jax.jit(encoder.init_params, static_argnums=0)
 
 # Four layers: global, local, local, global; a window of 16 (8 each side), so rows of 40
 # use the dense band and rows of 100 the chunked core.
@@ -68,7 +71,8 @@ def test_masked_lm_matches_hf(scan, length):
   params = hf_modern.params_from_hf(state_dict(model), cfg, 'hf')
   ids, mask = rows(length=length)
   want = torch_logits(model, ids, mask).logits.numpy()
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   real = mask.astype(bool)
   assert_trees_close(np.asarray(got.mlm_logits)[real], want[real], RTOL)
   assert got.nsp_logits is None and got.pooled_output is None
@@ -89,7 +93,7 @@ def test_packed_row_equals_its_instances_alone():
   seg[0, :45], seg[0, 45:95] = 1, 2
   pos = np.zeros((1, length), np.int32)
   pos[0, :45], pos[0, 45:95] = np.arange(45), np.arange(50)
-  packed = BertForPreTraining(cfg).apply(
+  packed = jax.jit(BertForPreTraining(cfg).apply)(
       {'params': params}, jnp.asarray(ids), jnp.asarray((seg > 0).astype(np.int32)),
       position_ids=jnp.asarray(pos), packed_segment_ids=jnp.asarray(seg)).mlm_logits
   for tokens, span in ((a, slice(0, 45)), (b, slice(45, 95))):
@@ -157,8 +161,8 @@ def test_task_heads_match_hf(task, cls, head_kw, extra):
   ids, mask = rows(batch=4, length=40)
   if task == heads.MULTIPLE_CHOICE:
     ids, mask = ids.reshape(2, 2, 40), mask.reshape(2, 2, 40)
-  out = heads.build_model(cfg, head).apply({'params': params}, jnp.asarray(ids),
-                                           jnp.asarray(mask))
+  out = jax.jit(heads.build_model(cfg, head).apply)({'params': params}, jnp.asarray(ids),
+                                                    jnp.asarray(mask))
   ref = torch_logits(model, ids, mask)
   if task == heads.SPAN:
     got, want = (out.start_logits, out.end_logits), (ref.start_logits.numpy(),
@@ -188,7 +192,8 @@ def test_export_loads_in_transformers_with_no_missing_keys_and_imports_back(tmp_
   assert not info['missing_keys'] and not info['unexpected_keys'], info
   ids, mask = rows(length=100)
   want = torch_logits(model.eval(), ids, mask).logits.numpy()
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   real = mask.astype(bool)
   assert_trees_close(np.asarray(got.mlm_logits)[real], want[real], RTOL)
 
@@ -240,7 +245,8 @@ def test_masked_lm_matches_hf_through_the_blocked_global_core(monkeypatch):
   params = hf_modern.params_from_hf(state_dict(model), cfg, 'hf')
   ids, mask = rows(length=128)
   want = torch_logits(model, ids, mask).logits.numpy()
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   real = mask.astype(bool)
   assert_trees_close(np.asarray(got.mlm_logits)[real], want[real], RTOL)
 

@@ -15,13 +15,17 @@ import transformers
 
 from bert_jax.convert import hf, hf_heads, hf_roberta, loaders, start_points
 from bert_jax.convert import sentence_transformers_export as st
-from bert_jax.model import heads
+from bert_jax.model import encoder, heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
 from bert_jax.pretrain import run as pretrain_run, step as pretrain_step
 from bert_jax.training import run_setup
 from configs import bert_tiny
 from tests.hf_reference import randomize, state_dict
 from tests.tolerance import assert_trees_close
+
+# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
+init_params = jax.jit(encoder.init_params, static_argnums=0)
+head_init = jax.jit(heads.init_params, static_argnums=(0, 1))
 
 PAD = 1  # RoBERTa's and XLM-R's <pad>: positions start at PAD + 1
 LENGTH = 24
@@ -80,8 +84,9 @@ def test_encoder_and_masked_lm_match_hf(family, scan):
   # Our pipeline's segment ids mark a second segment: one token type ignores them, as HF's
   # RoBERTa tokenizer (all zeros) does.
   segments = (np.arange(LENGTH) >= LENGTH // 2).astype(np.int32)[None].repeat(3, 0)
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask),
-                                      jnp.asarray(segments))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask),
+      jnp.asarray(segments))
   assert_trees_close(real(got.sequence_output, mask), real(ref.hidden_states[-1], mask), RTOL)
   assert_trees_close(real(got.mlm_logits, mask), real(ref.logits, mask), RTOL)
   assert got.pooled_output is None and got.nsp_logits is None
@@ -113,8 +118,8 @@ def test_task_heads_match_hf_and_export_their_keys(task, cls, head_kw):
   ids, mask = rows(cfg.vocab_size, batch=4)
   if task == heads.MULTIPLE_CHOICE:
     ids, mask = ids.reshape(2, 2, LENGTH), mask.reshape(2, 2, LENGTH)
-  out = heads.build_model(cfg, head).apply({'params': params}, jnp.asarray(ids),
-                                           jnp.asarray(mask))
+  out = jax.jit(heads.build_model(cfg, head).apply)({'params': params}, jnp.asarray(ids),
+                                                    jnp.asarray(mask))
   ref = torch_out(model, ids, mask)
   if task == heads.SPAN:
     got, want = (out.start_logits, out.end_logits), (ref.start_logits, ref.end_logits)
@@ -148,7 +153,8 @@ def test_export_loads_in_transformers_and_as_a_start_point(arch, vocab, tmp_path
   assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
   ids, mask = rows(vocab)
   want = torch_out(model.eval(), ids, mask).logits
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   assert_trees_close(real(got.mlm_logits, mask), real(want, mask), RTOL)
 
   start = start_points.load_start_point(out, require_tokenizer=False, scan_layers=False)
@@ -162,7 +168,7 @@ def test_finetuned_export_loads_in_transformers_and_back_as_a_start_point(tmp_pa
   head = heads.Head(heads.SEQUENCE, num_labels=3, labels=('a', 'b', 'c'))
   params = jax.tree_util.tree_map(
       lambda x: np.asarray(x) + np.float32(0.05),
-      heads.init_params(cfg, head, jax.random.key(1)))
+      head_init(cfg, head, jax.random.key(1)))
   assert set(params) == {'embeddings', 'encoder', 'classifier'}
   out = hf_heads.save_finetuned(str(tmp_path / 'cls'), cfg, head, params)
   model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -235,7 +241,8 @@ def test_roberta_start_point_for_continued_pretraining(roberta_dir):
                                        'mlm_layer_norm', 'mlm_output_bias'}
   ids, mask = rows(cfg.vocab_size)
   want = torch_out(model.eval(), ids, mask).logits
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   assert_trees_close(real(got.mlm_logits, mask), real(want, mask), RTOL)
 
   for objective in ('nsp', 'sop'):
@@ -293,7 +300,8 @@ def test_sentence_transformers_export_is_a_roberta_model(tmp_path):
   assert all(k.startswith('pooler.') for k in info['missing_keys']), info
   ids, mask = rows(cfg.vocab_size)
   want = torch_out(model.eval(), ids, mask).last_hidden_state
-  got = BertForPreTraining(cfg).apply({'params': params}, jnp.asarray(ids), jnp.asarray(mask))
+  got = jax.jit(BertForPreTraining(cfg).apply)(
+      {'params': params}, jnp.asarray(ids), jnp.asarray(mask))
   assert_trees_close(real(got.sequence_output, mask), real(want, mask), RTOL)
   start = start_points.load_start_point(out, require_tokenizer=False)
   assert_trees_close({k: start.params[k] for k in ('embeddings', 'encoder')},

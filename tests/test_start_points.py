@@ -261,7 +261,7 @@ def test_real_minilm_sentence_transformers_encoder_matches_hf_bert_model():
   reference = transformers.BertModel.from_pretrained(path).eval()
   with torch.no_grad():
     out = reference(**{k: torch.from_numpy(v) for k, v in enc.items()})
-  ours = heads.BertEncoder(start.cfg).apply(
+  ours = jax.jit(heads.BertEncoder(start.cfg).apply)(
       {'params': start.params}, enc['input_ids'], enc['attention_mask'], enc['token_type_ids'])
   for name, a, b in (('last_hidden_state', ours[0], out.last_hidden_state),
                      ('pooler_output', ours[1], out.pooler_output)):
@@ -347,7 +347,8 @@ def test_fresh_head_on_a_workdir_encoder(workdir, caplog):
   assert 'initialised fresh' in caplog.text
   assert set(params) == {'embeddings', 'encoder', 'classifier'}
   jax.tree_util.tree_map(np.testing.assert_array_equal, params['encoder'], saved[7]['encoder'])
-  logits = heads.build_model(start.cfg, head).apply({'params': params}, np.ones((2, 8), np.int32))
+  logits = jax.jit(heads.build_model(start.cfg, head).apply)(
+      {'params': params}, np.ones((2, 8), np.int32))
   assert logits.shape == (2, 8, 9)
 
 

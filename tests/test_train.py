@@ -78,17 +78,26 @@ def wait_for_step(workdir, step, proc, timeout=300):
   raise AssertionError(f'step {step} not reached in {timeout}s')
 
 
-def test_tiny_learns_and_evaluates(data, tmp_path):
+@pytest.fixture(scope='module')
+def trained(data, tmp_path_factory):
+  """One 40-step pre-training run (the default optimizer, unrolled layers, steps 3-5
+  profiled): (workdir, result). Besides the learning test, the tests that only read a
+  finished workdir share it: export, phase-2 init_from, a refused optimizer-state init."""
+  workdir = tmp_path_factory.mktemp('trained')
   values = overrides(data, steps=40, **{'train.profile_steps': '3,5'})
-  result = train.train_and_evaluate(config_with(values), str(tmp_path))
-  traces = [f for _, _, files in os.walk(tmp_path / 'profile') for f in files]
+  return workdir, train.train_and_evaluate(config_with(values), str(workdir))
+
+
+def test_tiny_learns_and_evaluates(trained):
+  workdir, result = trained
+  traces = [f for _, _, files in os.walk(workdir / 'profile') for f in files]
   assert any(f.endswith('.xplane.pb') for f in traces), traces
-  losses = logged_losses(str(tmp_path))
+  losses = logged_losses(str(workdir))
   assert sorted(losses) == list(range(1, 41))
   first, last = np.mean([losses[s] for s in range(1, 6)]), np.mean([losses[s] for s in range(36, 41)])
   assert last < first - 0.5, (first, last)
   assert 0 <= result['eval']['mlm_accuracy'] <= 1 and math.isfinite(result['eval']['mlm_loss'])
-  assert checkpointing.make_manager(str(tmp_path)).latest_step() == 40
+  assert checkpointing.make_manager(str(workdir)).latest_step() == 40
 
 
 def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
@@ -121,12 +130,11 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params))
 
 
-def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, tmp_path):
+def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, trained,
+                                                                    tmp_path):
   import torch
   import transformers
-  workdir = str(tmp_path / 'run')
-  config = config_with(overrides(data, steps=10))
-  train.train_and_evaluate(config, workdir)
+  workdir = str(trained[0])
   out = subprocess.run([sys.executable, '-m', 'bert_jax.export', f'--workdir={workdir}',
                         f'--output={tmp_path / "hf"}'], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, XLA_FLAGS=''), timeout=300)
@@ -161,9 +169,8 @@ def test_export_errors_are_clear(tmp_path):
     checkpointing.restore_params(str(tmp_path))
 
 
-def test_phase2_init_from_takes_params_only(data, tmp_path):
-  phase1 = str(tmp_path / 'p1')
-  train.train_and_evaluate(config_with(overrides(data, steps=5)), phase1)
+def test_phase2_init_from_takes_params_only(data, trained):
+  phase1 = str(trained[0])
   values = overrides(data, steps=3, **{'train.init_from': phase1})
   config = config_with(values)
   state = train._initial_state(pretrain_step.setup(config))
@@ -205,9 +212,8 @@ def test_lamb_phase2_carries_phase1_moments_with_a_fresh_step_count(data, tmp_pa
   assert result['step'] == 2 and math.isfinite(result['train']['loss'])
 
 
-def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, tmp_path):
-  phase1 = str(tmp_path / 'p1')
-  train.train_and_evaluate(config_with(overrides(data, steps=2)), phase1)  # adamw_bert
+def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, trained):
+  phase1 = str(trained[0])  # adamw_bert
   config = config_with(overrides(data, steps=2, **LAMB, **{
       'train.init_from': phase1, 'train.init_opt_state_from': True}))
   with pytest.raises(ValueError, match=r'train.init_opt_state_from=True: the optimizer state of '
