@@ -16,7 +16,7 @@ import transformers
 from bert_jax.convert import hf, hf_heads, hf_roberta, loaders, start_points
 from bert_jax.convert import sentence_transformers_export as st
 from bert_jax.model import encoder, heads
-from bert_jax.model.encoder import BertConfig, BertForPreTraining, init_params
+from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import run as pretrain_run, step as pretrain_step
 from bert_jax.training import run_setup
 from configs import bert_tiny

@@ -598,8 +598,11 @@ class BertForPreTraining(nn.Module):
                       mlm_decoder=(embeddings.decoder_table(), bias))
 
 
+@functools.partial(jax.jit, static_argnames=('cfg', 'seq_len'))
 def init_params(cfg: BertConfig, rng: jax.Array, seq_len: int = 8) -> dict:
-  """Unboxed float32 parameters for `cfg`, from a tiny dummy batch."""
+  """Unboxed float32 parameters for `cfg`, from a tiny dummy batch. Jitted: run eagerly, Flax
+  dispatches every initialiser op by op (BERT-tiny 15-38 s on a 2-core CPU against ~11 s
+  compiled, the same values), and the compiled init is cached per config."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
   variables = BertForPreTraining(cfg).init(rng, ids, masked_lm_positions=jnp.zeros((1, 1), jnp.int32))
   return nn.unbox(variables['params'])

@@ -32,6 +32,7 @@ Like HF, the token and span models have no pooler (HF builds them with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import flax.linen as nn
@@ -391,8 +392,10 @@ def _dummy_init(cfg: BertConfig, head: Head, rng: jax.Array, seq_len: int):
   return build_model(cfg, head).init(rng, ids)
 
 
+@functools.partial(jax.jit, static_argnames=('cfg', 'head', 'seq_len'))
 def init_params(cfg: BertConfig, head: Head, rng: jax.Array, seq_len: int = 8) -> dict:
-  """Unboxed float32 parameters of the whole head model (encoder random too)."""
+  """Unboxed float32 parameters of the whole head model (encoder random too); jitted as
+  encoder.init_params is."""
   return nn.unbox(_dummy_init(cfg, head, rng, seq_len)['params'])
 
 
