@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs the whole test suite (2 workers that steal each other's queued tests,
 # so neither finishes alone with the slow end-to-end ones), with XLA's CPU buffers kept mapped
-# between steps (bert_jax/training/host_malloc.py) as the CLIs run. On 2 cores from an empty
-# compilation cache it took ~25 minutes before the tests shared their model inits and trained
-# workdirs (2026-11-27); the target is under 15, not yet re-timed whole on an idle machine.
+# between steps (bert_jax/training/host_malloc.py) as the CLIs run. From a clean clone on an
+# idle 2-core AVX-512 VM with an empty compilation cache (2026-11-27): 35.8 minutes of pytest
+# (38.9 with the setup), 675 tests; the target is 15 (the slowest are the end-to-end
+# pre-training, pod, GCS and resume runs: `--durations=30`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
