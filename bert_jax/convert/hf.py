@@ -32,9 +32,6 @@ from input_pipeline import fs
 Array = np.ndarray
 StateDict = dict[str, Array]
 
-HEAD_GROUPS = {'mlm': ('mlm_transform', 'mlm_layer_norm', 'mlm_output_bias'),
-               'nsp': ('nsp',), 'pooler': ('pooler',)}
-
 # A directory that is not a loadable checkpoint of a known family (one type for all).
 CheckpointError = hf_base.CheckpointError
 
