@@ -82,7 +82,7 @@ def our_run(corpus, out, seq, preds, dupe, workers=1, extra=()):
 
 
 def _records(pattern):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tf_data import tf  # pylint: disable=g-import-not-at-top
   for path in sorted(glob.glob(pattern)):
     for raw in tf.data.TFRecordDataset(path):
       yield tf.train.Example.FromString(raw.numpy()).features.feature

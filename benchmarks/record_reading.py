@@ -18,7 +18,7 @@ import os
 import statistics
 
 import harness
-import tensorflow as tf
+from input_pipeline.tf_data import tf
 
 from input_pipeline import fs
 from input_pipeline.pretrain import corpus

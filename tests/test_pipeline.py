@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from input_pipeline.tf_data import tf
 
 from input_pipeline import tfrecord
 from input_pipeline.pretrain import corpus, create_pretraining_data as cpd, dataset as data_lib

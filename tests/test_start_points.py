@@ -91,7 +91,7 @@ def google_variables(cfg, rng, extra=None):
 def write_tf_checkpoint(directory, cfg, variables, vocab_cased=False):
   """bert_model.ckpt.{index,data-*} (TF's V2 format, through SaveV2 so the names are exactly
   the reference's), bert_config.json and vocab.txt, as Google released them."""
-  import tensorflow as tf
+  from input_pipeline.tf_data import tf
   os.makedirs(directory, exist_ok=True)
   prefix = os.path.join(directory, 'bert_model.ckpt')
   names = sorted(variables)
@@ -112,7 +112,7 @@ def write_tf_checkpoint(directory, cfg, variables, vocab_cased=False):
 def hf_load_tf_weights_in_bert(model, prefix):
   """transformers 4.x `load_tf_weights_in_bert` (removed in v5): its published walk from TF
   variable names to module attributes, applied to a PyTorch BertForPreTraining."""
-  import tensorflow as tf
+  from input_pipeline.tf_data import tf
   for name, _ in tf.train.list_variables(prefix):
     array = tf.train.load_variable(prefix, name)
     parts = name.split('/')

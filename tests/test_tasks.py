@@ -1068,7 +1068,7 @@ def test_squad_unaligned_answers_are_one_line_per_file_and_refused_above_a_limit
 
 
 def _mock_tfds(rows):
-  import tensorflow as tf
+  from input_pipeline.tf_data import tf
   import tensorflow_datasets as tfds
 
   def as_dataset(self, split, *args, **kwargs):

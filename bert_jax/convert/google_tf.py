@@ -35,7 +35,7 @@ def checkpoint_prefix(path: str) -> str | None:
     return preferred
   state = fs.join(path, 'checkpoint')
   if fs.exists(state):  # a fine-tuning run's model_dir: the latest model.ckpt-N
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from input_pipeline.tf_data import tf  # pylint: disable=g-import-not-at-top
     latest = tf.train.latest_checkpoint(path)
     if latest:
       return latest
@@ -125,7 +125,7 @@ def tf_config(file: str) -> BertConfig:
 
 def read_tf_checkpoint(prefix: str, cfg: BertConfig) -> tuple[hf.StateDict, dict]:
   """(HF-keyed float32 state dict, task-head tensors by task) from a TF checkpoint."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tf_data import tf  # pylint: disable=g-import-not-at-top
   try:
     reader = tf.train.load_checkpoint(prefix)
   except Exception as e:  # TF raises several types for missing or corrupt files

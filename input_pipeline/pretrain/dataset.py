@@ -36,10 +36,10 @@ import os
 import re
 
 import numpy as np
-import tensorflow as tf
 from google.protobuf import message
 
 from input_pipeline import fs, tfrecord
+from input_pipeline.tf_data import tf
 from input_pipeline.pretrain import batch_layout, masking, objectives, packing
 from input_pipeline.pretrain.instances import MaskingConfig
 
