@@ -30,6 +30,7 @@ import numpy as np
 
 METRICS = ('recall@1', 'recall@10', 'mrr@10', 'ndcg@10')
 HEADLINE = 'ndcg@10'
+RANK_DEPTH = 10  # the deepest rank any metric reads: a top-10 search scores them all
 BM25_K1, BM25_B = 1.2, 0.75  # Elasticsearch's (Lucene's BM25Similarity) defaults
 
 
@@ -118,6 +119,39 @@ def retrieval_metrics(scores=None, relevant: Sequence = (), *, ranking=None
 def lexical_scores(queries: Sequence[str], corpus: Sequence[str], *, k1: float = BM25_K1,
                    b: float = BM25_B) -> np.ndarray:
   """[Q, D] BM25 scores of every corpus text for every query (float32)."""
+  out = np.zeros((len(queries), len(corpus)), np.float32)
+  for q, row in enumerate(lexical_rows(queries, corpus, k1=k1, b=b)):
+    out[q] = row
+  return out
+
+
+def lexical_top_k(queries: Sequence[str], corpus: Sequence[str], k: int, **bm25
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """([Q, k] BM25 scores, [Q, k] corpus indices), best first, ties to the lower index; one
+  query's [D] scores at a time, never the [Q, D] matrix."""
+  k = min(k, len(corpus))
+  scores, ids = np.zeros((len(queries), k), np.float32), np.zeros((len(queries), k), np.int64)
+  for q, row in enumerate(lexical_rows(queries, corpus, **bm25)):
+    ids[q] = top_k_row(row, k)
+    scores[q] = row[ids[q]]
+  return scores, ids
+
+
+def top_k_row(row: np.ndarray, k: int) -> np.ndarray:
+  """The indices of `row`'s k largest values, best first, ties to the lower index, in
+  O(D + k log k): the k-th value splits the row, and its ties are taken in index order."""
+  if k >= len(row):
+    return np.lexsort((np.arange(len(row)), -row))
+  threshold = np.partition(row, len(row) - k)[len(row) - k]
+  above = np.flatnonzero(row > threshold)
+  tied = np.flatnonzero(row == threshold)[:k - len(above)]
+  chosen = np.concatenate([above, tied])
+  return chosen[np.lexsort((chosen, -row[chosen]))]
+
+
+def lexical_rows(queries: Sequence[str], corpus: Sequence[str], *, k1: float = BM25_K1,
+                 b: float = BM25_B):
+  """Per query, its [D] BM25 scores of every corpus text (float32), one query at a time."""
   import bm25s  # pylint: disable=g-import-not-at-top  # only the baseline needs it
   if not len(corpus):
     raise ValueError('empty corpus: nothing to score')
@@ -128,9 +162,8 @@ def lexical_scores(queries: Sequence[str], corpus: Sequence[str], *, k1: float =
   retriever.index(tokenize(corpus), show_progress=False)
   words = tokenize(queries)
   names = {i: w for w, i in words.vocab.items()}
-  out = np.zeros((len(queries), len(corpus)), np.float32)
-  for q, ids in enumerate(words.ids):
+  for ids in words.ids:
     known = retriever.get_tokens_ids([names[i] for i in ids])  # words the corpus has
-    if known:  # else nothing matches: all zeros
-      out[q] = retriever.get_scores_from_ids(known)
-  return out
+    # else nothing matches: all zeros
+    yield (np.asarray(retriever.get_scores_from_ids(known), np.float32) if known else
+           np.zeros(len(corpus), np.float32))

@@ -75,12 +75,18 @@ def top_k(queries, corpus, k: int, *, chunk: int = CHUNK, query_block: int = QUE
                    jax.device_put(np.full((block, k), -np.inf, np.float32), rows),
                    jax.device_put(np.full((block, k), -1, np.int32), rows)])
   replicated = NamedSharding(rows.mesh, P())
+  pending = None
   for offset in range(0, size, chunk):
     part = np.asarray(corpus[offset:offset + chunk], np.float32)
     valid = len(part)
     part = jax.device_put(np.pad(part, ((0, chunk - valid), (0, 0))), replicated)
     for b in blocks:
       b[1], b[2] = _merge(b[1], b[2], b[0], part, np.int32(offset), np.int32(valid), k=k)
+    # Dispatch is asynchronous: without a wait every chunk would be copied in before the
+    # first is scored (the whole corpus twice). The next chunk is prepared while this runs.
+    if pending is not None:
+      jax.block_until_ready(pending)
+    pending = [b[1] for b in blocks]
   scores = np.concatenate([np.asarray(b[1]) for b in blocks])[:n]
   ids = np.concatenate([np.asarray(b[2]) for b in blocks])[:n].astype(np.int64)
   return scores, ids

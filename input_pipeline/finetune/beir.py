@@ -60,6 +60,15 @@ def _objects(path: str, required: tuple[str, ...], optional: tuple[str, ...] = (
     yield key, {f: _text(path, line, obj, f, f in required) for f in required + optional}
 
 
+def read_documents(directory: str) -> tuple[list[str], list[str]]:
+  """(ids, texts) of corpus.jsonl, in file order; a text is `title + ' ' + text`, stripped."""
+  ids, texts = [], []
+  for key, fields in _objects(fs.join(directory, CORPUS), ('text',), ('title',)):
+    ids.append(key)
+    texts.append(f'{fields["title"]} {fields["text"]}'.strip())
+  return ids, texts
+
+
 def read_qrels(path: str, queries=None, corpus=None) -> dict[str, dict[str, int]]:
   """{query id: {corpus id: grade}} in file order; the first line is the header. `queries` /
   `corpus`: the ids a row may name (None: any)."""
@@ -97,11 +106,7 @@ def read_beir(directory: str, split: str = 'test') -> RetrievalSplit:
     if not fs.exists(path):
       raise FileNotFoundError(f'{path}: no such file; a BEIR directory holds {CORPUS}, '
                               f'{QUERIES} and {QRELS}/<split>.tsv')
-  corpus_path = fs.join(directory, CORPUS)
-  doc_ids, corpus = [], []
-  for key, fields in _objects(corpus_path, ('text',), ('title',)):
-    doc_ids.append(key)
-    corpus.append(f'{fields["title"]} {fields["text"]}'.strip())
+  doc_ids, corpus = read_documents(directory)
   queries = {key: f['text'] for key, f in _objects(fs.join(directory, QUERIES), ('text',))}
   index = {key: i for i, key in enumerate(doc_ids)}
   qrels = read_qrels(qrels_path, queries, index)

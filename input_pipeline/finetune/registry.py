@@ -400,6 +400,10 @@ def _pair_fields(d) -> None:
   train_dev_test_files(d)
   d.pooling = 'mean'  # token states -> embedding: mean (sentence-transformers' usual) | cls
   d.similarity_scale = 20.0  # MultipleNegativesRankingLoss's scale (1 / temperature)
+  # Prepended to every query / every positive, negative and corpus text, in training, evaluation
+  # and the export's sentence-transformers prompts (E5: 'query: ' and 'passage: ').
+  d.query_prompt = ''
+  d.document_prompt = ''
 
 
 register(TaskSpec('embedding', 'sentence_embedding', _read_pairs, _pair_fields, labels=()))
