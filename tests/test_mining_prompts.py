@@ -122,7 +122,8 @@ def export(tmp_path_factory):
 def embedder(export):
   c = common.override(finetune_configs.get_config('embedding'), {
       'init': export, 'data.max_seq_length': 32, 'data.query_prompt': PROMPTS['query'],
-      'data.document_prompt': PROMPTS['document'], 'train.eval_batch_size': 16})
+      'data.document_prompt': PROMPTS['document'], 'train.eval_batch_size': 16,
+      'data.length_buckets': 1})  # one compiled predict step
   return embed.Embedder(c)
 
 
@@ -164,3 +165,60 @@ def test_model_mining_matches_brute_force_on_sentence_transformers_embeddings(ex
   options = mine.MiningOptions(num_negatives=2, range_min=1)
   got = mine.mine_negatives(data, mine.model_scorer(embedder, data), options)
   assert got == brute_force(full, data.positives, options)
+
+
+def test_beir_evaluation_equals_the_full_matrix_on_sentence_transformers_embeddings(
+    export, embedder, tmp_path):
+  """beir_eval's embed + chunked search + graded metrics against sentence-transformers'
+  embeddings, the whole score matrix and BEIR's ignore_identical_ids (a document named as its
+  query is never counted), scored by the independent trec_eval nDCG of test_retrieval_search."""
+  from bert_jax.finetune import beir_eval
+  from input_pipeline.finetune import beir
+  from tests.test_retrieval_search import ndcg_at_10
+  docs = TEXTS + ['a dog', 'jax on a tpu', 'mats and rugs', 'the river', 'q1 twin', 'more',
+                  'arrays of numbers', 'a fox']
+  ids = [f'd{i}' for i in range(len(docs))]
+  ids[10] = 'q1'  # the same id as a query: BEIR drops it from that query's results
+  (tmp_path / 'corpus.jsonl').write_text(''.join(
+      json.dumps({'_id': i, 'title': '', 'text': t}) + '\n' for i, t in zip(ids, docs)))
+  queries = ['tensor unit', 'cat mat', 'arrays', 'fox dog']
+  (tmp_path / 'queries.jsonl').write_text(''.join(
+      json.dumps({'_id': f'q{i}', 'text': t}) + '\n' for i, t in enumerate(queries)))
+  (tmp_path / 'qrels').mkdir()
+  (tmp_path / 'qrels' / 'dev.tsv').write_text(
+      'query-id\tcorpus-id\tscore\nq0\td0\t2\nq0\td6\t1\nq1\td1\t1\nq1\td8\t2\nq2\td2\t1\n'
+      'q2\td11\t1\nq3\td4\t2\nq3\td12\t1\nq3\td5\t0\n')
+  split = beir.read_beir(str(tmp_path), 'dev')
+  got = beir_eval.evaluate(embedder, split)
+  st = sentence_transformers.SentenceTransformer(export, device='cpu')
+  full = retrieval.cosine_scores(st.encode(split.queries, prompt_name='query'),
+                                 st.encode(split.corpus, prompt_name='document'))
+  want = []
+  for q, row in enumerate(full):
+    ranking = [split.doc_ids[d] for d in np.lexsort((np.arange(len(row)), -row))
+               if split.doc_ids[d] != split.query_ids[q]]
+    want.append(ndcg_at_10(ranking, {split.doc_ids[d]: g for d, g in split.relevant[q].items()}))
+  assert got['ndcg@10'] == pytest.approx(np.mean(want), abs=1e-9)
+  kept = beir_eval.evaluate(embedder, split, ignore_identical_ids=False)
+  assert kept == retrieval.retrieval_metrics(full, split.relevant)
+
+
+def test_a_modernbert_with_only_a_tokenizer_json_embeds_and_exports_with_prompts(tmp_path):
+  """A released-style ModernBERT directory (byte-level BPE tokenizer.json, no vocab.txt)
+  through the embedding task's featurising, predict step and export: sentence-transformers
+  embeds as we do, prompts included."""
+  from tests.test_hf_tokenizers import modernbert_start
+  start_dir = modernbert_start(tmp_path / 'modern')
+  c = common.override(finetune_configs.get_config('embedding'), {
+      'init': start_dir, 'data.max_seq_length': 32, 'data.query_prompt': PROMPTS['query'],
+      'data.document_prompt': PROMPTS['document'], 'train.eval_batch_size': 16,
+      'data.length_buckets': 1})
+  ours = embed.Embedder(c)
+  assert not os.path.exists(os.path.join(start_dir, 'vocab.txt'))
+  head = ours.kind.make_head((), None)
+  ours.kind.export(str(tmp_path / 'export'), ours.start, head, ours.params)
+  st = sentence_transformers.SentenceTransformer(str(tmp_path / 'export'), device='cpu')
+  for role in ('query', 'document'):
+    a, b = ours.embed(TEXTS, role), st.encode(TEXTS, prompt_name=role)
+    cosine = np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert np.max(1 - cosine) <= 1e-5, (role, 1 - cosine)
