@@ -138,3 +138,21 @@ def test_bad_beir_rows_name_the_file_line_and_fix(beir_dir, name, text, message)
   (beir_dir / name).write_text(text)
   with pytest.raises(ValueError, match=message):
     beir.read_beir(str(beir_dir), 'test')
+
+
+def test_bm25_top_k_equals_the_full_matrix_ties_included():
+  """One query's scores at a time, cut by `top_k_row`, against the sorted [Q, D] matrix; most
+  BM25 scores are ties (0 for every document sharing no word with the query)."""
+  corpus = ['a tpu is a chip', 'the cat sat', 'a chip', 'dogs and cats', 'tpu pods', 'mats',
+            'the cat sat', 'numpy', 'tpu chip tpu chip', 'cats']
+  queries = ['tpu chip', 'cat', 'nothing matches', 'dogs']
+  full = retrieval.lexical_scores(queries, corpus)
+  for k in (3, 7, 10, 12):
+    scores, ids = retrieval.lexical_top_k(queries, corpus, k)
+    want = np.stack([np.lexsort((np.arange(len(row)), -row))[:k] for row in full])
+    np.testing.assert_array_equal(ids, want, err_msg=f'k={k}')
+    np.testing.assert_array_equal(scores, np.take_along_axis(full, want, 1))
+  relevant = [{8}, {1, 6}, {7}, {3}]
+  assert retrieval.retrieval_metrics(ranking=retrieval.lexical_top_k(queries, corpus, 10)[1],
+                                     relevant=relevant) == retrieval.retrieval_metrics(
+                                         full, relevant)

@@ -1,5 +1,7 @@
 """Retrieval scores in numpy: BEIR's Recall@k, MRR@10 and nDCG@10, cosine scores, and a BM25
-baseline.
+baseline. Runs score from each query's top 10 (`search.top_k`, `lexical_top_k`), never the
+query x corpus matrix; the full-matrix functions (`cosine_scores`, `lexical_scores`) are the
+reference the tests compare those with.
 
 The metrics are what BEIR's `EvaluateRetrieval.evaluate` / `evaluate_custom` report (through
 pytrec_eval, i.e. trec_eval), with relevance a set of documents (grade 1 each) or graded, a

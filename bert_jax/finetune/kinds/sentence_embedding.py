@@ -91,8 +91,8 @@ class SentenceEmbedding(base.TaskKind):
 
   def baseline(self, task, split):
     r = split.records
-    return retrieval.retrieval_metrics(retrieval.lexical_scores(r.queries, r.corpus),
-                                       r.relevant)
+    _, ranking = retrieval.lexical_top_k(r.queries, r.corpus, retrieval.RANK_DEPTH)
+    return retrieval.retrieval_metrics(ranking=ranking, relevant=r.relevant)
 
   def export(self, directory, start, head, params):
     sentence_transformers_export.save_sentence_transformer(
