@@ -89,9 +89,9 @@ def mining_input(pairs, corpus: Sequence[str] = ()) -> MiningInput:
   index = {t: i for i, t in enumerate(texts)}
   positives: dict[str, list[int]] = {}
   for p in pairs:
-    mine = positives.setdefault(p.query, [])
-    if index[p.positive] not in mine:
-      mine.append(index[p.positive])
+    own = positives.setdefault(p.query, [])
+    if index[p.positive] not in own:
+      own.append(index[p.positive])
   return MiningInput(list(positives), texts, list(positives.values()))
 
 
