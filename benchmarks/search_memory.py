@@ -6,8 +6,8 @@ The corpus is random unit vectors of MiniLM-L6's width (384), made in place in o
 array (no float64 temporary); the queries likewise. `bert_jax.finetune.search.top_k` (k=10)
 scores them in chunks (16,384 passages x 1,024 queries a step) and keeps only each query's top
 10. Prints the search's seconds, the process's peak resident size (ru_maxrss), the corpus
-array's size and the peak before the search (Python, JAX with the search compiled, and the corpus), so
-the search's own share is the difference; run it with two query counts to see that share
+array's size and the peak before the search (Python, JAX with the search compiled, and the
+corpus), so the search's own share is the difference; run it with two query counts to see that share
 does not grow with them. The full-matrix path would hold queries x passages float32 scores
 (4 GB per 1,000 queries of a million passages).
 """
@@ -57,8 +57,8 @@ def main(argv):
   print(f'{FLAGS.passages:,} passages x {FLAGS.dim} (corpus {corpus.nbytes / 2**20:,.0f} MiB), '
         f'{FLAGS.queries:,} queries, top {FLAGS.k}: {seconds:.1f} s '
         f'({FLAGS.queries / seconds:,.0f} queries/s); peak RSS {peak_mib():,.0f} MiB '
-        f'(before the search, after its compile: {before:,.0f} MiB); top score {scores[:, 0].mean():.3f} mean, '
-        f'ids {ids.shape}')
+        f'(before the search, after its compile: {before:,.0f} MiB); top score '
+        f'{scores[:, 0].mean():.3f} mean, ids {ids.shape}')
 
 
 if __name__ == '__main__':

@@ -4,25 +4,20 @@ sentence_transformers/util/hard_negatives.py: the top range_max + max_positives 
 the full score list, positives masked, margins against the hardest positive, max/min score,
 the first range_max left, ranks range_min.., num_negatives of them), by model and by BM25; and
 query/document prompts end to end: the embedding task's featurising and an export whose
-`SentenceTransformer.encode(..., prompt_name=...)` gives our embeddings."""
+`SentenceTransformer.encode(..., prompt_name=...)` gives our embeddings, on a ModernBERT start
+point that ships only a tokenizer.json (as released ModernBERTs do)."""
 
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 import sentence_transformers
 
-from bert_jax.convert import sentence_transformers_export as st_export
-from bert_jax.finetune import embed, kinds, mine, retrieval
-from bert_jax.model import encoder
-from bert_jax.model.encoder import BertConfig
+from bert_jax.finetune import embed, mine, retrieval
 from configs import common, finetune as finetune_configs
 from input_pipeline.finetune import pairs
-from input_pipeline.tokenizer import WordPieceTokenizer
 
-VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
 PROMPTS = {'query': 'query: ', 'document': 'passage: '}
 
 
@@ -105,26 +100,25 @@ def test_bm25_mining_writes_triplets_the_embedding_task_reads(tmp_path):
 
 
 @pytest.fixture(scope='module')
-def export(tmp_path_factory):
-  """A tiny BERT exported with E5-style prompts."""
-  tok = WordPieceTokenizer(VOCAB, True)
-  cfg = BertConfig.from_preset('tiny', vocab_size=tok.vocab_size, num_layers=2)
-  params = jax.jit(encoder.init_params, static_argnums=0)(cfg, jax.random.key(3))
-  params = jax.tree_util.tree_map(
-      lambda x: np.asarray(x) + 0.05 * np.random.default_rng(0).standard_normal(x.shape).astype(
-          np.float32), {k: params[k] for k in ('embeddings', 'encoder')})
-  path = str(tmp_path_factory.mktemp('st') / 'model')
-  return st_export.save_sentence_transformer(path, cfg, params, tok, 'mean', max_seq_length=32,
-                                             prompts=PROMPTS)
-
-
-@pytest.fixture(scope='module')
-def embedder(export):
+def embedder(tmp_path_factory):
+  """A released-style ModernBERT directory (only a byte-level BPE tokenizer.json, no
+  vocab.txt) with E5-style prompts: one model, so one compiled predict step, for every test."""
+  from tests.test_hf_tokenizers import modernbert_start
+  start_dir = modernbert_start(tmp_path_factory.mktemp('modern') / 'start')
+  assert not os.path.exists(os.path.join(start_dir, 'vocab.txt'))
   c = common.override(finetune_configs.get_config('embedding'), {
-      'init': export, 'data.max_seq_length': 32, 'data.query_prompt': PROMPTS['query'],
+      'init': start_dir, 'data.max_seq_length': 32, 'data.query_prompt': PROMPTS['query'],
       'data.document_prompt': PROMPTS['document'], 'train.eval_batch_size': 16,
       'data.length_buckets': 1})  # one compiled predict step
   return embed.Embedder(c)
+
+
+@pytest.fixture(scope='module')
+def export(embedder, tmp_path_factory):
+  """The embedding task's own export of that model (kind.export: pooling, prompts)."""
+  path = str(tmp_path_factory.mktemp('st') / 'model')
+  embedder.kind.export(path, embedder.start, embedder.kind.make_head((), None), embedder.params)
+  return path
 
 
 TEXTS = ['what is a tensor processing unit', 'a cat sat on the mat', 'numpy arrays', 'x',
@@ -132,6 +126,8 @@ TEXTS = ['what is a tensor processing unit', 'a cat sat on the mat', 'numpy arra
 
 
 def test_prompts_reach_featurising_and_the_export_reproduces_our_embeddings(export, embedder):
+  """Also: a ModernBERT start point with only a tokenizer.json, through the embedding task's
+  featurising, predict step and export."""
   with open(os.path.join(export, 'config_sentence_transformers.json')) as f:
     assert json.load(f)['prompts'] == PROMPTS
   # Training rows: the query prompt before the query, the document prompt before the others.
@@ -141,8 +137,8 @@ def test_prompts_reach_featurising_and_the_export_reproduces_our_embeddings(expo
   tok = embedder.start.tokenizer
   for column, text in enumerate(['query: a b', 'passage: c', 'passage: d']):
     ids = [tok.cls_id] + tok.encode(text) + [tok.sep_id]
-    assert list(arrays['input_ids'][0, column, :len(ids)]) == ids and not any(
-        arrays['input_ids'][0, column, len(ids):])
+    assert list(arrays['input_ids'][0, column, :len(ids)]) == ids
+    assert int(arrays['input_mask'][0, column].sum()) == len(ids)
   st = sentence_transformers.SentenceTransformer(export, device='cpu')
   for role in ('query', 'document'):
     ours = embedder.embed(TEXTS, role)
@@ -201,24 +197,3 @@ def test_beir_evaluation_equals_the_full_matrix_on_sentence_transformers_embeddi
   assert got['ndcg@10'] == pytest.approx(np.mean(want), abs=1e-9)
   kept = beir_eval.evaluate(embedder, split, ignore_identical_ids=False)
   assert kept == retrieval.retrieval_metrics(full, split.relevant)
-
-
-def test_a_modernbert_with_only_a_tokenizer_json_embeds_and_exports_with_prompts(tmp_path):
-  """A released-style ModernBERT directory (byte-level BPE tokenizer.json, no vocab.txt)
-  through the embedding task's featurising, predict step and export: sentence-transformers
-  embeds as we do, prompts included."""
-  from tests.test_hf_tokenizers import modernbert_start
-  start_dir = modernbert_start(tmp_path / 'modern')
-  c = common.override(finetune_configs.get_config('embedding'), {
-      'init': start_dir, 'data.max_seq_length': 32, 'data.query_prompt': PROMPTS['query'],
-      'data.document_prompt': PROMPTS['document'], 'train.eval_batch_size': 16,
-      'data.length_buckets': 1})
-  ours = embed.Embedder(c)
-  assert not os.path.exists(os.path.join(start_dir, 'vocab.txt'))
-  head = ours.kind.make_head((), None)
-  ours.kind.export(str(tmp_path / 'export'), ours.start, head, ours.params)
-  st = sentence_transformers.SentenceTransformer(str(tmp_path / 'export'), device='cpu')
-  for role in ('query', 'document'):
-    a, b = ours.embed(TEXTS, role), st.encode(TEXTS, prompt_name=role)
-    cosine = np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-    assert np.max(1 - cosine) <= 1e-5, (role, 1 - cosine)
