@@ -8,8 +8,8 @@ scores them in chunks (16,384 passages x 1,024 queries a step) and keeps only ea
 10. Prints the search's seconds, the process's peak resident size (ru_maxrss), the corpus
 array's size and the peak before the search (Python, JAX with the search compiled, and the
 corpus), so the search's own share is the difference; run it with two query counts to see
-that share does not grow with them. The full-matrix path would hold queries x passages float32 scores
-(4 GB per 1,000 queries of a million passages).
+that share does not grow with them. The full-matrix path would hold queries x passages float32
+scores (4 GB per 1,000 queries of a million passages).
 """
 
 from __future__ import annotations
