@@ -156,3 +156,16 @@ def test_bm25_top_k_equals_the_full_matrix_ties_included():
   assert retrieval.retrieval_metrics(ranking=retrieval.lexical_top_k(queries, corpus, 10)[1],
                                      relevant=relevant) == retrieval.retrieval_metrics(
                                          full, relevant)
+
+
+def test_the_embedding_task_reads_a_beir_directory_as_its_dev_and_test_split(beir_dir):
+  from configs import common, finetune as finetune_configs
+  from input_pipeline.finetune import registry
+  (beir_dir / 'qrels' / 'dev.tsv').write_text('query-id\tcorpus-id\tscore\nq4\td5\t3\n')
+  (beir_dir / 'train.tsv').write_text('query\tpositive\nq\tp\n')
+  c = common.override(finetune_configs.get_config('embedding'), {
+      'data.train_file': str(beir_dir / 'train.tsv'), 'data.dev_file': str(beir_dir),
+      'data.test_file': str(beir_dir)})
+  splits = {s.name: s.records for s in registry.read_task(c).splits}
+  assert splits['dev'].queries == ['not judged in test'] and splits['dev'].relevant == [{5: 3}]
+  assert splits['test'] == beir.read_beir(str(beir_dir), 'test')
