@@ -13,7 +13,10 @@ and embeds with as our fine-tuning run does (bert_jax.finetune.contrastive.pool)
   1_Pooling/config.json            mean or CLS pooling, in the keys every sentence-transformers
                                    release reads (6.x converts them to its `pooling_mode`);
   sentence_bert_config.json        max_seq_length (inputs are cut there, as in training);
-  config_sentence_transformers.json  cosine similarity.
+  config_sentence_transformers.json  cosine similarity, and the prompts trained with
+                                   (`{'query': ..., 'document': ...}`), which
+                                   `encode(texts, prompt_name='query')`, `encode_query` and
+                                   `encode_document` prepend to each text as training did.
 The module types are named as sentence-transformers 2-5 wrote them
 (`sentence_transformers.models.*`), which 6.x still resolves and `convert/loaders.py`
 recognises: the directory is also a start point (`start_points.load_start_point(path)`).
@@ -87,13 +90,16 @@ def pooling_config(hidden_size: int, pooling: str) -> dict:
 
 def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
                               pooling: str = 'mean', overwrite: bool = False, *,
-                              max_seq_length: int | None = None) -> str:
+                              max_seq_length: int | None = None,
+                              prompts: dict[str, str] | None = None) -> str:
   """Write a sentence-transformers directory at `path` (local or URL) atomically; returns it.
 
   `params`: a head model's or pre-training tree (`embeddings`, `encoder`, maybe `pooler`,
   heads; only the encoder is written). `pooling`: 'mean' or 'cls', as trained.
   `max_seq_length`: where sentence-transformers cuts inputs; the model's
   max_position_embeddings when None (pass the fine-tuning run's max_seq_length).
+  `prompts`: {name: text prepended to an input}, sentence-transformers' `prompts` (6.x names
+  the query and document ones 'query' and 'document'); none by default.
   """
   if tokenizer is None:
     raise ValueError('a sentence-transformers directory needs the tokenizer: pass the one the '
@@ -110,8 +116,9 @@ def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
     files = {'config.json': config, _LAST: MODULES,
              'sentence_bert_config.json': {'max_seq_length': max_len, 'do_lower_case': False},
-             'config_sentence_transformers.json': {'model_type': 'SentenceTransformer',
-                                                   'similarity_fn_name': 'cosine'},
+             'config_sentence_transformers.json': {
+                 'model_type': 'SentenceTransformer', 'similarity_fn_name': 'cosine',
+                 'prompts': dict(prompts or {}), 'default_prompt_name': None},
              os.path.join(POOLING_DIR, 'config.json'): pool}
     os.makedirs(os.path.join(tmp, POOLING_DIR))
     for name, content in files.items():

@@ -48,10 +48,14 @@ class TextPair:
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalSplit:
-  """Queries, the corpus they search, and per query the corpus indices that are relevant."""
+  """Queries, the corpus they search, and per query its relevant corpus indices: a set, or
+  {index: grade} where the judgments are graded (a BEIR set, input_pipeline/finetune/beir.py,
+  which also names its queries and documents by their ids)."""
   queries: list[str]
   corpus: list[str]
-  relevant: list[set[int]]
+  relevant: list[set[int]] | list[dict[int, int]]
+  query_ids: list[str] | None = None
+  doc_ids: list[str] | None = None
 
   def __len__(self) -> int:  # its queries, as a split's records count its examples
     return len(self.queries)

@@ -20,7 +20,8 @@ from typing import Callable
 
 import ml_collections
 
-from input_pipeline.finetune import conll, glue, mr, pairs, records as tables, squad, swag
+from input_pipeline.finetune import (beir, conll, glue, mr, pairs, records as tables, squad,
+                                     swag)
 
 
 @dataclasses.dataclass
@@ -385,10 +386,13 @@ register(TaskSpec('generic', _generic_kind, _read_generic, _generic_fields))
 
 def _read_pairs(name: str, d) -> TaskRecords:
   """Training pairs; dev (and the optional test) read as retrieval tasks, always labelled:
-  their positives are the relevant documents."""
+  a pair file's positives are the relevant documents; a BEIR directory's qrels/dev.tsv (for
+  dev_file) or qrels/test.tsv (test_file) grade them (input_pipeline/finetune/beir.py)."""
   train = pairs.read_pairs(required(d, 'train_file'))
   files = {'dev': required(d, 'dev_file'), **({'test': d.test_file} if d.test_file else {})}
-  splits = [SplitRecords(split, split, pairs.read_retrieval_split(path), True, source=path)
+  read = lambda path, split: (beir.read_beir(path, split) if beir.is_beir_dir(path) else
+                              pairs.read_retrieval_split(path))
+  splits = [SplitRecords(split, split, read(path, split), True, source=path)
             for split, path in files.items()]
   return TaskRecords(name, 'sentence_embedding', train, splits, (),
                      train_source=d.train_file)
@@ -396,10 +400,15 @@ def _read_pairs(name: str, d) -> TaskRecords:
 
 def _pair_fields(d) -> None:
   # .tsv (header: query, positive[, negative]) or .jsonl ({"query", "positive"[, "negative"]});
-  # dev and test are scored by retrieval over all their positive and negative texts.
+  # dev and test are scored by retrieval over all their positive and negative texts, or are
+  # BEIR directories (corpus.jsonl, queries.jsonl, qrels/dev.tsv or qrels/test.tsv).
   train_dev_test_files(d)
   d.pooling = 'mean'  # token states -> embedding: mean (sentence-transformers' usual) | cls
   d.similarity_scale = 20.0  # MultipleNegativesRankingLoss's scale (1 / temperature)
+  # Prepended to every query / every positive, negative and corpus text, in training, evaluation
+  # and the export's sentence-transformers prompts (E5: 'query: ' and 'passage: ').
+  d.query_prompt = ''
+  d.document_prompt = ''
 
 
 register(TaskSpec('embedding', 'sentence_embedding', _read_pairs, _pair_fields, labels=()))
