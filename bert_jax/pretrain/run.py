@@ -65,7 +65,7 @@ def evaluate(eval_step, params, setup: run_setup.RunSetup, batch_size: int) -> d
     totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
   if totals is None:
     raise ValueError(f'data.eval_files={config.data.eval_files!r} yielded no batch')
-  return {k: float(v) for k, v in jax.device_get(ts.summarize(totals)).items()}
+  return {k: float(v) for k, v in jax.device_get(setup.objective.summarize(totals)).items()}
 
 
 def evaluate_workdir(config, workdir: str) -> dict:
@@ -246,8 +246,8 @@ class _PretrainingHooks(Hooks):
     rows, d = self.schedule.batch_size_at(step), self.setup.config.data
     new_shape = rows not in self._flops
     if new_shape:
-      self._flops[rows] = flops.train_flops_per_step(
-          self.setup.model_cfg, rows, d.max_seq_length, d.max_predictions_per_seq)
+      self._flops[rows] = self.setup.objective.train_flops(
+          rows, d.max_seq_length, d.max_predictions_per_seq)
     info = {'tokens': int(local['input_mask'].sum()) * jax.process_count(),
             'padded_tokens': rows * d.max_seq_length, 'flops': self._flops[rows],
             'new_shape': new_shape}
