@@ -13,10 +13,12 @@ import pytest
 import torch
 import transformers
 
-from bert_jax.convert import run_export
+from bert_jax.convert import run_export, start_points
 from bert_jax.model import rtd as rtd_model
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import rtd
+from bert_jax.training import run_setup
+from configs import common, electra
 from tests.tolerance import assert_trees_close
 
 LENGTH, PREDICTIONS, MASK_ID = 24, 5, 4
@@ -234,3 +236,27 @@ def test_binned_auc_equals_the_pairwise_count():
   want = ((pos[:, None] > neg[None]).sum() + 0.5 * (pos[:, None] == neg[None]).sum()) / (
       len(pos) * len(neg))
   assert abs(auc - want) < 2e-3, (auc, want)  # bins of 1/32 in logit: a few ties
+
+
+def test_continues_from_a_released_layout_pair(exported, tmp_path):
+  """train.init_from=<discriminator dir> and rtd.generator_init_from=<generator dir>, as
+  google/electra-* publish them (here our export of `exported`): the RTD tree comes back
+  whole, and a generator of another width is refused naming the fraction that fits."""
+  cfg, params, _, _ = exported
+  pair = str(tmp_path / 'pair')
+  run_export.export_rtd_pair(pair, cfg, params)
+  config = common.override(electra.get_config('tiny'), {
+      'model.size': 'init_from', 'model.scan_layers': True, 'data.max_seq_length': LENGTH,
+      'train.init_from': f'{pair}/discriminator', 'rtd.generator_init_from': f'{pair}/generator',
+      'rtd.generator_hidden_fraction': 0.5})
+  config = start_points.with_start_shape(config)
+  run_cfg = rtd.rtd_config(config, run_setup.model_config(config))
+  assert run_cfg.discriminator == DISC.replace(attention_impl=run_cfg.discriminator.attention_impl)
+  step, got = rtd.start_params(config, run_cfg, params)
+  assert step == 0
+  assert_trees_close(got, params, 0.0)
+  config.rtd.generator_hidden_fraction = 0.25
+  with pytest.raises(ValueError, match=r'generator_init_from=.* is 32 wide with 2 layers; the '
+                                       r'run\'s generator is 16 x 2\. Set --config\.rtd\.'
+                                       r'generator_hidden_fraction=0\.5'):
+    rtd.start_params(config, rtd.rtd_config(config, run_setup.model_config(config)), params)

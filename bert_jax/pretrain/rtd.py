@@ -31,15 +31,20 @@ from __future__ import annotations
 
 import functools
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.convert import hf, hf_electra, loaders, start_points
+from bert_jax.convert.workdir import load_run_config
 from bert_jax.model import flops, rtd as rtd_model
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.model.rtd import DISCRIMINATOR, GENERATOR, ElectraDiscriminator, RtdConfig
 from bert_jax.pretrain import accumulation, mlm_loss
+from bert_jax.training import checkpointing
 from bert_jax.training.run_setup import Objective
+from input_pipeline import fs
 from bert_jax.training.state import TrainState, apply_gradients
 
 OBJECTIVES = ('mlm', 'rtd')
@@ -159,6 +164,9 @@ def objective(config, disc: BertConfig, layout) -> Objective:
   if config.model.mlm_loss_chunk:
     raise ValueError(f'model.mlm_loss_chunk={config.model.mlm_loss_chunk}: train.objective='
                      'rtd samples from the generator\'s whole logits; set it to 0')
+  if config.rtd.generator_init_from and not config.train.init_from:
+    raise ValueError(f'rtd.generator_init_from={config.rtd.generator_init_from} needs the '
+                     'discriminator beside it: set --config.train.init_from=<discriminator>')
   cfg = rtd_config(config, disc)
   weight = float(config.rtd.disc_weight)
   return Objective(
@@ -171,3 +179,59 @@ def objective(config, disc: BertConfig, layout) -> Objective:
       batch_shapes=layout.shapes, layout=layout,
       summarize=functools.partial(summarize, disc_weight=weight),
       train_flops=functools.partial(flops.rtd_train_flops_per_step, cfg.generator, disc))
+
+
+# ----------------------------------------------------------------------------- start points
+
+
+def start_params(config, cfg: RtdConfig, fresh: dict) -> tuple[int, dict]:
+  """(step, RTD params) for `train.init_from`: an RTD workdir's whole tree (phase 2), or a
+  discriminator (an `ElectraForPreTraining` directory, any ELECTRA start point) with the
+  generator of `rtd.generator_init_from` (an `ElectraForMaskedLM` directory) or `fresh`'s,
+  each checked against its network's shape and the run's data as every start point is
+  (`start_points.pretraining_params`). The shared tables are the discriminator's."""
+  t, r = config.train, config.rtd
+  if loaders.is_workdir(t.init_from) and load_run_config(t.init_from).train.objective == 'rtd':
+    step, params = checkpointing.restore_params(t.init_from)
+    differ = checkpointing.leaf_differences(params, fresh, labels=('start point', 'run'))
+    if differ:
+      raise ValueError(f'train.init_from={t.init_from}: its generator and discriminator do not '
+                       f'fit the run\'s ({differ}); set --config.model.* and --config.rtd.* '
+                       f'as in {fs.join(t.init_from, "config.json")}')
+    return step, params
+  kw = dict(data=config.data, allow_vocab_change=t.init_from_allow_vocab_change)
+  step, disc = start_points.pretraining_params(t.init_from, cfg.discriminator, **kw)
+  head = _discriminator_head(t.init_from, cfg.discriminator)
+  if head is None:
+    logging.warning('train.init_from=%s has no discriminator head (discriminator_predictions): '
+                    'initialised fresh', t.init_from)
+    head = fresh[DISCRIMINATOR][rtd_model.HEAD]
+  disc = {'embeddings': disc['embeddings'], 'encoder': disc['encoder'], rtd_model.HEAD: head}
+  if r.generator_init_from:
+    _check_generator_shape(r.generator_init_from, cfg)
+    _, gen = start_points.pretraining_params(r.generator_init_from, cfg.generator, **kw)
+  else:
+    logging.warning('rtd.generator_init_from is empty: the generator starts fresh beside the '
+                    'discriminator of %s', t.init_from)
+    gen = rtd_model.half_params(fresh, GENERATOR)
+  return step, rtd_model.rtd_params(disc, gen, cfg.sharing)
+
+
+def _discriminator_head(path: str, cfg: BertConfig) -> dict | None:
+  """An HF directory's `discriminator_predictions`, if it has one."""
+  if loaders.detect_kind(path) != loaders.HF_DIR:
+    return None
+  with fs.local_dir(path) as local:
+    return hf_electra.discriminator_head_from_hf(hf.read_weights(local), cfg, path)
+
+
+def _check_generator_shape(path: str, cfg: RtdConfig) -> None:
+  """The generator the `rtd` block sizes must be the start point's, or an error saying which
+  fractions build it."""
+  stored, d, g = loaders.model_config_of(path), cfg.discriminator, cfg.generator
+  if (stored.hidden_size, stored.num_layers) != (g.hidden_size, g.num_layers):
+    raise ValueError(
+        f'rtd.generator_init_from={path} is {stored.hidden_size} wide with {stored.num_layers} '
+        f'layers; the run\'s generator is {g.hidden_size} x {g.num_layers}. Set '
+        f'--config.rtd.generator_hidden_fraction={stored.hidden_size / d.hidden_size:g} and '
+        f'--config.rtd.generator_layers_fraction={stored.num_layers / d.num_layers:g}')

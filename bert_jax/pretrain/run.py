@@ -29,7 +29,7 @@ from bert_jax.training import batch_schedule, checkpointing, run_setup, session
 from bert_jax.training import sharding as shd
 from bert_jax.training.loop import Hooks
 from bert_jax.training.run_control import PreemptionFlag
-from bert_jax.pretrain import step as ts
+from bert_jax.pretrain import rtd, step as ts
 from input_pipeline import fs
 from input_pipeline.pretrain import dataset as data_lib
 from input_pipeline.pretrain.dataset import reader_config
@@ -97,9 +97,13 @@ def _initial_state(setup: run_setup.RunSetup):
     return setup.fresh_state()
   # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training): relaid
   # out to this run's layers, its shapes, vocabulary and casing checked against this run's.
-  step, params = start_points.pretraining_params(
-      t.init_from, setup.model_cfg, data=setup.config.data,
-      allow_vocab_change=t.init_from_allow_vocab_change)
+  if t.objective == 'rtd':  # a generator / discriminator pair, or an RTD workdir
+    step, params = rtd.start_params(setup.config, rtd.rtd_config(setup.config, setup.model_cfg),
+                                    jax.device_get(setup.fresh_state().params))
+  else:
+    step, params = start_points.pretraining_params(
+        t.init_from, setup.model_cfg, data=setup.config.data,
+        allow_vocab_change=t.init_from_allow_vocab_change)
   logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
                ' and optimizer moments' if with_moments else '', t.init_from, step)
   state = setup.state_from_params(params)
