@@ -6,6 +6,12 @@ with its instances as separate HF rows); both halves export as directories trans
 with no missing keys; DeBERTa-v3's GDES keeps the discriminator's gradient off the generator's
 embeddings."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +25,8 @@ from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.pretrain import rtd
 from bert_jax.training import run_setup
 from configs import common, electra
+from input_pipeline.tokenizer import WordPieceTokenizer
+from test_loop import ENV, ROOT, logged_losses, run_until
 from tests.tolerance import assert_trees_close
 
 LENGTH, PREDICTIONS, MASK_ID = 24, 5, 4
@@ -260,3 +268,44 @@ def test_continues_from_a_released_layout_pair(exported, tmp_path):
                                        r'run\'s generator is 16 x 2\. Set --config\.rtd\.'
                                        r'generator_hidden_fraction=0\.5'):
     rtd.start_params(config, rtd.rtd_config(config, run_setup.model_config(config)), params)
+
+
+def test_cli_run_resumes_bit_identically_after_kill_9_and_exports_the_pair(data, tmp_path):
+  """`python -m bert_jax.main --config=configs/electra.py:tiny` on BERT's NSP records (their
+  sentence labels unread): killed with -9 after step 5, rerun, it logs every step's loss of an
+  uninterrupted run bit for bit (the checkpoint at 3 carries params, Adam moments, rng and the
+  data position); its workdir exports the pair transformers loads."""
+  values = {'model.vocab_size': 2000, 'model.num_layers': 1, 'data.train_files':
+            str(data / 'train-*'), 'data.vocab_file': str(data / 'vocab.txt'),
+            'data.sentence_objective': 'nsp', 'data.max_seq_length': 64,
+            'data.max_predictions_per_seq': 10, 'data.shuffle_buffer': 100,
+            'train.num_steps': 8, 'train.global_batch_size': 8, 'train.log_every': 1,
+            'train.checkpoint_every': 3, 'optimizer.warmup_steps': 2}
+  cmd = lambda workdir: [sys.executable, '-m', 'bert_jax.main',
+                         '--config=configs/electra.py:tiny', f'--workdir={workdir}'] + [
+                             f'--config.{k}={v}' for k, v in values.items()]
+  whole, cut = str(tmp_path / 'whole'), str(tmp_path / 'cut')
+  done = subprocess.run(cmd(whole), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  want = logged_losses(os.path.join(whole, 'metrics.jsonl'))
+  assert sorted(want) == list(range(1, 9))
+  assert run_until(cmd(cut), os.path.join(cut, 'metrics.jsonl'), 5,
+                   signal.SIGKILL) == -signal.SIGKILL
+  assert max(logged_losses(os.path.join(cut, 'metrics.jsonl'))) < 8
+  done = subprocess.run(cmd(cut), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert logged_losses(os.path.join(cut, 'metrics.jsonl')) == want
+  logged = [json.loads(line) for line in open(os.path.join(cut, 'metrics.jsonl'))]
+  last = [r for r in logged if r.get('step') == 8 and 'train/disc_auc' in r][-1]
+  assert 0 <= last['train/disc_auc'] <= 1 and last['train/disc_replaced_fraction'] > 0
+
+  out = run_export.export_workdir(cut, str(tmp_path / 'hf'))
+  for half, cls in (('discriminator', transformers.ElectraForPreTraining),
+                    ('generator', transformers.ElectraForMaskedLM)):
+    _, info = cls.from_pretrained(f'{out}/{half}', output_loading_info=True)
+    assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
+  tok = transformers.AutoTokenizer.from_pretrained(f'{out}/discriminator')
+  assert tok.convert_tokens_to_ids('the') == WordPieceTokenizer(
+      str(data / 'vocab.txt')).encode('the')[0]

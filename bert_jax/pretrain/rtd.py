@@ -15,7 +15,8 @@ masking):
      labelled original, as the reference's), and its loss is the mean binary cross-entropy
      over those tokens (transformers' `ElectraForPreTraining` loss);
   4. loss = generator MLM + `rtd.disc_weight` (the reference's 50) x discriminator BCE.
-One departure: the reference masks 85% [MASK] / 15% kept; the records here keep BERT's
+Records of any sentence objective serve (google-research/bert's NSP records included): their
+sentence labels are not read. One departure: the reference masks 85% [MASK] / 15% kept; the records here keep BERT's
 80/10/10, so the generator also sees 10% random tokens at masked positions.
 
 Metrics: the generator's `mlm_loss` / `mlm_accuracy` and the accuracy of its samples
@@ -199,7 +200,9 @@ def start_params(config, cfg: RtdConfig, fresh: dict) -> tuple[int, dict]:
                        f'fit the run\'s ({differ}); set --config.model.* and --config.rtd.* '
                        f'as in {fs.join(t.init_from, "config.json")}')
     return step, params
-  kw = dict(data=config.data, allow_vocab_change=t.init_from_allow_vocab_change)
+  data = config.data.copy_and_resolve_references()
+  data.sentence_objective = 'none'  # whatever the records hold, RTD trains no sentence head
+  kw = dict(data=data, allow_vocab_change=t.init_from_allow_vocab_change)
   step, disc = start_points.pretraining_params(t.init_from, cfg.discriminator, **kw)
   head = _discriminator_head(t.init_from, cfg.discriminator)
   if head is None:

@@ -137,18 +137,20 @@ def objective(config) -> Objective:
       f'model.size={config.model.size} model.arch={model_cfg.arch}\'s',
       f'write the data with create_pretraining_data --max_seq_length={model_cfg.max_length} '
       '(or less) and set --config.data.max_seq_length to it')
+  if config.train.objective not in rtd.OBJECTIVES:
+    raise ValueError(f'train.objective={config.train.objective!r}: expected one of '
+                     f'{rtd.OBJECTIVES} (masked LM, or replaced-token detection)')
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  if not model_cfg.family.sentence_head and sentence_objective != 'none':
+  rtd_objective = config.train.objective == 'rtd'  # trains no sentence head on any records
+  if (not model_cfg.family.sentence_head and sentence_objective != 'none'
+      and not rtd_objective):
     raise ValueError(f'model.arch={model_cfg.arch!r} has no sentence head, but '
                      f'data.sentence_objective={sentence_objective!r}: write the data with '
                      'create_pretraining_data --next_sentence=none and set '
                      '--config.data.sentence_objective=none')
   layout = data_lib.output_layout(data_lib.reader_config(config))
-  if config.train.objective not in rtd.OBJECTIVES:
-    raise ValueError(f'train.objective={config.train.objective!r}: expected one of '
-                     f'{rtd.OBJECTIVES} (masked LM, or replaced-token detection)')
-  if config.train.objective == 'rtd':
+  if rtd_objective:
     return rtd.objective(config, model_cfg, layout)
   model = BertForPreTraining(model_cfg)
   mlm_chunk = config.model.mlm_loss_chunk
