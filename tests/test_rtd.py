@@ -272,33 +272,31 @@ def test_continues_from_a_released_layout_pair(exported, tmp_path):
 
 def test_cli_run_resumes_bit_identically_after_kill_9_and_exports_the_pair(data, tmp_path):
   """`python -m bert_jax.main --config=configs/electra.py:tiny` on BERT's NSP records (their
-  sentence labels unread): killed with -9 after step 5, rerun, it logs every step's loss of an
-  uninterrupted run bit for bit (the checkpoint at 3 carries params, Adam moments, rng and the
-  data position); its workdir exports the pair transformers loads."""
+  sentence labels unread), killed with -9 once it logged step 5 and rerun: the rerun resumes
+  from the checkpoint at 3 and logs steps 4-5 exactly as the killed process computed them
+  uninterrupted (so params, Adam moments, rng and the data position all carried over); its
+  workdir exports the pair transformers loads."""
   values = {'model.vocab_size': 2000, 'model.num_layers': 1, 'data.train_files':
             str(data / 'train-*'), 'data.vocab_file': str(data / 'vocab.txt'),
             'data.sentence_objective': 'nsp', 'data.max_seq_length': 64,
             'data.max_predictions_per_seq': 10, 'data.shuffle_buffer': 100,
-            'train.num_steps': 8, 'train.global_batch_size': 8, 'train.log_every': 1,
+            'train.num_steps': 7, 'train.global_batch_size': 8, 'train.log_every': 1,
             'train.checkpoint_every': 3, 'optimizer.warmup_steps': 2}
-  cmd = lambda workdir: [sys.executable, '-m', 'bert_jax.main',
-                         '--config=configs/electra.py:tiny', f'--workdir={workdir}'] + [
-                             f'--config.{k}={v}' for k, v in values.items()]
-  whole, cut = str(tmp_path / 'whole'), str(tmp_path / 'cut')
-  done = subprocess.run(cmd(whole), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                        timeout=600)
+  cut = str(tmp_path / 'cut')
+  metrics = os.path.join(cut, 'metrics.jsonl')
+  cmd = [sys.executable, '-m', 'bert_jax.main', '--config=configs/electra.py:tiny',
+         f'--workdir={cut}'] + [f'--config.{k}={v}' for k, v in values.items()]
+  assert run_until(cmd, metrics, 5, signal.SIGKILL) == -signal.SIGKILL
+  uninterrupted = logged_losses(metrics)
+  assert 5 <= max(uninterrupted) < 7, 'killed too late to resume anything'
+  done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
-  want = logged_losses(os.path.join(whole, 'metrics.jsonl'))
-  assert sorted(want) == list(range(1, 9))
-  assert run_until(cmd(cut), os.path.join(cut, 'metrics.jsonl'), 5,
-                   signal.SIGKILL) == -signal.SIGKILL
-  assert max(logged_losses(os.path.join(cut, 'metrics.jsonl'))) < 8
-  done = subprocess.run(cmd(cut), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                        timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert logged_losses(os.path.join(cut, 'metrics.jsonl')) == want
-  logged = [json.loads(line) for line in open(os.path.join(cut, 'metrics.jsonl'))]
-  last = [r for r in logged if r.get('step') == 8 and 'train/disc_auc' in r][-1]
+  logged = [json.loads(line) for line in open(metrics)]
+  assert [r['step'] for r in logged if 'train/loss' in r].count(4) == 2  # relogged from 3
+  resumed = logged_losses(metrics)
+  assert sorted(resumed) == list(range(1, 8))
+  assert {s: resumed[s] for s in uninterrupted} == uninterrupted  # bit for bit
+  last = [r for r in logged if r.get('step') == 7 and 'train/disc_auc' in r][-1]
   assert 0 <= last['train/disc_auc'] <= 1 and last['train/disc_replaced_fraction'] > 0
 
   out = run_export.export_workdir(cut, str(tmp_path / 'hf'))
