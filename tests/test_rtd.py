@@ -216,18 +216,20 @@ def test_gdes_discriminator_reads_shared_plus_residual():
   assert_trees_close(rtd_model.half_params(again, rtd_model.DISCRIMINATOR, 'gdes'), disc, 0.0)
 
 
-def test_generator_follows_electras_sizing_rule():
-  """google-research/electra get_generator_config: ELECTRA-small (256 wide, 128 tables) at 1/4
-  and base (768) at 1/3 give the released generators' shapes."""
-  small = BertConfig(arch='electra', hidden_size=256, num_heads=4, intermediate_size=1024,
-                     num_layers=12, embedding_size=128)
-  gen = rtd_model.generator_config(small, 0.25)
-  assert (gen.hidden_size, gen.num_heads, gen.intermediate_size, gen.num_layers,
-          gen.embedding_width) == (64, 1, 256, 12, 128)
-  base = BertConfig.from_preset('base', arch='electra')
-  gen = rtd_model.generator_config(base, 1 / 3)
-  assert (gen.hidden_size, gen.num_heads, gen.intermediate_size, gen.embedding_width) == (
-      256, 4, 1024, 768)
+def test_electra_configs_give_the_papers_networks():
+  """configs/electra.py through google-research/electra's get_generator_config: ELECTRA-small
+  (12 x 256 on 128-wide tables) with its 1/4 generator, base (768) with its 1/3 one, the
+  released generators' shapes."""
+  shapes = {}
+  for size in ('tiny', 'small', 'base'):
+    config = electra.get_config(size)
+    cfg = rtd.rtd_config(config, run_setup.model_config(config))
+    shapes[size] = [(c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size,
+                     c.embedding_width) for c in (cfg.discriminator, cfg.generator)]
+  assert shapes == {'tiny': [(128, 2, 2, 512, 128), (64, 2, 1, 256, 128)],
+                    'small': [(256, 12, 4, 1024, 128), (64, 12, 1, 256, 128)],
+                    'base': [(768, 12, 12, 3072, 768), (256, 12, 4, 1024, 768)]}
+  small = run_setup.model_config(electra.get_config('small'))
   with pytest.raises(ValueError, match='rtd.generator_hidden_fraction'):
     rtd_model.generator_config(small, 0.001)
   with pytest.raises(ValueError, match='model.arch=electra'):
