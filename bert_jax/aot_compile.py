@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 
@@ -110,8 +111,8 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
       'attention_impl': setup.model_cfg.attention_impl,
       'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
-      'model_tflops_per_step': round(
-          flops.train_flops_per_step(setup.model_cfg, b, s, predictions) / 1e12, 3),
+      'model_tflops_per_step': round((setup.objective.train_flops or functools.partial(
+          flops.train_flops_per_step, setup.model_cfg))(b, s, predictions) / 1e12, 3),
   }
   step = setup.train_step()
   try:

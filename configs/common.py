@@ -85,6 +85,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = optimizer_block(learning_rate=1e-4, warmup_steps=10_000)
 
   c.train = train_block(global_batch_size=256, log_every=100)
+  # mlm: masked LM (+ data.sentence_objective) | rtd: replaced-token detection (ELECTRA): the
+  # model is the discriminator, the `rtd` block sizes its generator (bert_jax/pretrain/rtd.py)
+  c.train.objective = 'mlm'
   c.train.accum_steps = 1  # micro-batches per step: batch 256 on any machine
   # Batch-size warmup (ModernBERT; bert_jax/training/batch_schedule.py): the global batch
   # grows from min_size by increment (0 = min_size) to global_batch_size, each size held for
@@ -109,8 +112,25 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.profile_steps = ''  # "a,b": jax.profiler trace of steps a..b into workdir/profile
   c.train.peak_flops_per_device = 0.0  # for MFU; 0 = known accelerator table or measured (CPU)
 
+  c.rtd = rtd_block()
   add_parallelism(c)
   return c
+
+
+def rtd_block() -> ml_collections.ConfigDict:
+  """Replaced-token detection (train.objective=rtd); google-research/electra's names and
+  defaults (configure_pretraining.py) unless said."""
+  r = ml_collections.ConfigDict()
+  r.generator_hidden_fraction = 0.25  # generator width / discriminator's (base: 1/3)
+  r.generator_layers_fraction = 1.0  # generator depth / discriminator's
+  r.disc_weight = 50.0  # loss = generator MLM + disc_weight x discriminator BCE
+  # tied: one set of embeddings both networks train (ELECTRA) | gdes: the discriminator's are
+  # stop_gradient(generator's) + its own residual from zero (DeBERTa-v3)
+  r.embedding_sharing = 'tied'
+  # A generator to continue from (an ElectraForMaskedLM directory, or the generator of a
+  # released pair) while train.init_from names the discriminator; '' = fresh generator
+  r.generator_init_from = ''
+  return r
 
 
 # ------------------------------------------------------------ blocks both config families use

@@ -176,9 +176,10 @@ def load_pretrained(path: str, *, rng: jax.Array | None = None,
 
 
 def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
-                    overwrite: bool = False) -> str:
+                    overwrite: bool = False, architecture: str | None = None) -> str:
   """Write an HF `BertForPreTraining` (ModernBERT, RoBERTa, ELECTRA: `...ForMaskedLM`) directory
-  atomically; returns `path`.
+  atomically, or the family's `architecture` (`ElectraForPreTraining`: a replaced-token
+  detection discriminator's tree); returns `path`.
 
   Locally, everything is written into a sibling temporary directory first and renamed into
   place, so a failure leaves no half-written export. On an object store (gs://), where a
@@ -186,13 +187,15 @@ def save_pretrained(path: str, cfg: BertConfig, params, tokenizer=None,
   reader that finds it finds the rest. `tokenizer` is anything with `save_pretrained(dir)`.
   """
   state = params_to_hf(params, cfg)  # converts (and so validates) before anything is written
-  return fs.publish_dir(path, lambda d: _write_export(d, cfg, state, tokenizer),
+  hf_config = config_to_hf(cfg, architecture)
+  return fs.publish_dir(path, lambda d: _write_export(d, cfg, hf_config, state, tokenizer),
                         overwrite=overwrite)
 
 
-def _write_export(directory: str, cfg: BertConfig, state: StateDict, tokenizer) -> None:
+def _write_export(directory: str, cfg: BertConfig, hf_config: dict, state: StateDict,
+                  tokenizer) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  hf_config = with_tokenizer_ids(config_to_hf(cfg), cfg, tokenizer)
+  hf_config = with_tokenizer_ids(hf_config, cfg, tokenizer)
   with open(os.path.join(directory, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(state, os.path.join(directory, 'model.safetensors'), metadata={'format': 'pt'})

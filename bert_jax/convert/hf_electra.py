@@ -11,7 +11,9 @@ is kept here:
     `mlm_transform`, `mlm_layer_norm`, `generator_lm_head.bias` our `mlm_output_bias`;
     `generator_lm_head.weight` is tied to the word embeddings, so it is not written;
   - a discriminator's `discriminator_predictions.*` (one replaced-or-not logit a token) is not an
-    MLM head: it is dropped and the MLM head starts fresh, both logged;
+    MLM head: it is dropped and the MLM head starts fresh, both logged; a tree that has the
+    group (replaced-token detection's discriminator, bert_jax/model/rtd.py) exports it as
+    `ElectraForPreTraining`, and `discriminator_head_from_hf` reads it back;
   - no pooler or NSP head; multiple choice's `sequence_summary.summary` (dense + GELU on the
     first token) is our `pooler` group.
 """
@@ -33,6 +35,7 @@ Array = np.ndarray
 MODEL_TYPE = 'electra'
 ENCODER_PREFIX = 'electra.'
 DISCRIMINATOR_HEAD = 'discriminator_predictions.'
+DISCRIMINATOR_GROUP = 'discriminator_predictions'  # our group of that head (model/rtd.py)
 # Tensors outside `electra.`: the generator's MLM head, multiple choice's summary, the
 # discriminator's head (read only to be dropped).
 _HEAD_PREFIXES = ('generator_predictions.', 'generator_lm_head.', 'sequence_summary.',
@@ -67,7 +70,16 @@ def _top_map(cfg: BertConfig) -> dict[str, tuple[tuple[str, ...], Callable, Call
       'sequence_summary.summary.weight': (('pooler', 'kernel'), *lin),
       'sequence_summary.summary.bias': (('pooler', 'bias'), _same, _same),
   })
-  return m
+  return m | _discriminator_map()
+
+
+def _discriminator_map() -> dict[str, tuple[tuple[str, ...], Callable, Callable]]:
+  """`ElectraDiscriminatorPredictions` (dense, dense_prediction) <-> our `DISCRIMINATOR_GROUP`."""
+  g, lin = DISCRIMINATOR_GROUP, (_linear, _linear)
+  return {f'{DISCRIMINATOR_HEAD}{name}.{leaf}': ((g, name, ours), *(lin if ours == 'kernel'
+                                                                      else (_same, _same)))
+          for name in ('dense', 'dense_prediction')
+          for leaf, ours in (('weight', 'kernel'), ('bias', 'bias'))}
 
 
 def _is_head(key: str) -> bool:
@@ -199,10 +211,31 @@ def params_from_hf(state: Mapping[str, Array], cfg: BertConfig, *, rng: jax.Arra
     raise CheckpointError(f'{source}: sequence_summary.summary.weight and .bias must come '
                           'together')
 
+  params.pop(DISCRIMINATOR_GROUP, None)  # read by discriminator_head_from_hf
   params['encoder'] = bert_state_map.encoder_from_hf(state, cfg)
   bert_state_map.warn_unused(state, set(expected) | set(_NOT_PARAMS) | set(discriminator),
                              source, 'ElectraForMaskedLM')
   return params
+
+
+def discriminator_head_from_hf(state: Mapping[str, Array], cfg: BertConfig,
+                               source: str = 'checkpoint') -> dict | None:
+  """The discriminator head of an `ElectraForPreTraining` state dict as our
+  `DISCRIMINATOR_GROUP` tree, or None when the checkpoint has none (a generator)."""
+  state = {_canonical(k): np.asarray(v) for k, v in state.items()}
+  head = {k: v for k, v in _discriminator_map().items() if k in state}
+  if not head:
+    return None
+  if len(head) != 4:
+    raise CheckpointError(f'{source}: has only {sorted(head)} of ElectraForPreTraining\'s '
+                          'discriminator_predictions (dense and dense_prediction, weight and bias)')
+  out: dict = {}
+  for key, (path, from_hf, _) in head.items():
+    _set(out, path, from_hf(state[key].astype(np.float32)))
+  h = cfg.hidden_size
+  if out[DISCRIMINATOR_GROUP]['dense']['kernel'].shape != (h, h):
+    raise CheckpointError(f'{source}: discriminator_predictions.dense is not {h} x {h}')
+  return out[DISCRIMINATOR_GROUP]
 
 
 CONVERTER = hf_base.register(hf_base.Converter(

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from bert_jax.convert import casing, google_tf, hf, hf_heads, workdir
-from bert_jax.model import heads
+from bert_jax.model import heads, rtd
 from bert_jax.model.encoder import BertConfig
 from bert_jax.training import checkpointing
 from bert_jax.training.run_setup import model_config
@@ -109,6 +109,10 @@ def load_workdir(path, step, given_lower, rng, required) -> StartPoint:
   del rng  # a workdir holds every pre-training head
   config = workdir.load_run_config(path)
   step, params = checkpointing.restore_params(path, step)
+  if config.train.get('objective') == 'rtd':  # replaced-token detection: the discriminator
+    # is the model (its encoder; the replaced-or-not head has no MLM or task use)
+    params = rtd.half_params(params, rtd.DISCRIMINATOR, config.rtd.embedding_sharing)
+    params = {k: v for k, v in params.items() if k != rtd.HEAD}
   tok, lower = casing.workdir_tokenizer(config.data, path, given_lower, required)
   return StartPoint(WORKDIR, path, model_config(config), params, tok, lower, step)
 

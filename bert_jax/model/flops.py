@@ -77,3 +77,16 @@ def peak_flops_per_device() -> float:
     if name.lower() in kind.lower():
       return peak
   return measured_matmul_peak()
+
+
+def rtd_train_flops_per_step(generator: BertConfig, discriminator: BertConfig, batch: int,
+                             seq_len: int, predictions: int) -> float:
+  """Replaced-token detection's useful FLOPs: the generator's MLM step (above) plus the
+  discriminator's encoder and its per-token head (dense H x H and H x 1, every token), so an
+  equal-compute comparison with MLM charges the generator too (as ELECTRA's paper does)."""
+  h, tokens = discriminator.hidden_size, batch * seq_len
+  spans = sum(attention_span(discriminator, layer, seq_len)
+              for layer in range(discriminator.num_layers))
+  return (train_flops_per_step(generator, batch, seq_len, predictions) +
+          6 * encoder_params(discriminator) * tokens + 12 * h * spans * tokens +
+          6 * tokens * (h * h + h))

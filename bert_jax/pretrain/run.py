@@ -29,7 +29,7 @@ from bert_jax.training import batch_schedule, checkpointing, run_setup, session
 from bert_jax.training import sharding as shd
 from bert_jax.training.loop import Hooks
 from bert_jax.training.run_control import PreemptionFlag
-from bert_jax.pretrain import step as ts
+from bert_jax.pretrain import rtd, step as ts
 from input_pipeline import fs
 from input_pipeline.pretrain import dataset as data_lib
 from input_pipeline.pretrain.dataset import reader_config
@@ -65,7 +65,7 @@ def evaluate(eval_step, params, setup: run_setup.RunSetup, batch_size: int) -> d
     totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
   if totals is None:
     raise ValueError(f'data.eval_files={config.data.eval_files!r} yielded no batch')
-  return {k: float(v) for k, v in jax.device_get(ts.summarize(totals)).items()}
+  return {k: float(v) for k, v in jax.device_get(setup.objective.summarize(totals)).items()}
 
 
 def evaluate_workdir(config, workdir: str) -> dict:
@@ -97,9 +97,13 @@ def _initial_state(setup: run_setup.RunSetup):
     return setup.fresh_state()
   # Our workdir, an HF directory or a Google TF checkpoint (continued pre-training): relaid
   # out to this run's layers, its shapes, vocabulary and casing checked against this run's.
-  step, params = start_points.pretraining_params(
-      t.init_from, setup.model_cfg, data=setup.config.data,
-      allow_vocab_change=t.init_from_allow_vocab_change)
+  if t.objective == 'rtd':  # a generator / discriminator pair, or an RTD workdir
+    step, params = rtd.start_params(setup.config, rtd.rtd_config(setup.config, setup.model_cfg),
+                                    jax.device_get(setup.fresh_state().params))
+  else:
+    step, params = start_points.pretraining_params(
+        t.init_from, setup.model_cfg, data=setup.config.data,
+        allow_vocab_change=t.init_from_allow_vocab_change)
   logging.info('initialising params%s from %s step %d (fresh step count and schedule)',
                ' and optimizer moments' if with_moments else '', t.init_from, step)
   state = setup.state_from_params(params)
@@ -246,8 +250,8 @@ class _PretrainingHooks(Hooks):
     rows, d = self.schedule.batch_size_at(step), self.setup.config.data
     new_shape = rows not in self._flops
     if new_shape:
-      self._flops[rows] = flops.train_flops_per_step(
-          self.setup.model_cfg, rows, d.max_seq_length, d.max_predictions_per_seq)
+      self._flops[rows] = self.setup.objective.train_flops(
+          rows, d.max_seq_length, d.max_predictions_per_seq)
     info = {'tokens': int(local['input_mask'].sum()) * jax.process_count(),
             'padded_tokens': rows * d.max_seq_length, 'flops': self._flops[rows],
             'new_shape': new_shape}

@@ -5,9 +5,8 @@ positions, NSP the weighted mean over each row's NSP labels (one per instance in
 and the training loss their sum. `sentence_objective` (data.sentence_objective) names what the
 2-way head learns: 'nsp', or ALBERT's 'sop' (same head and loss, metrics named sop_*), or
 'none' (RoBERTa's full sentences): MLM alone, no sentence loss or metric at all, whatever
-labels the batch carries. Gradient accumulation splits the global batch into
-micro-batches inside one jitted step and normalises by the whole batch's weights, so it gives
-the full-batch gradient, not an average of per-micro-batch means.
+labels the batch carries. Gradient accumulation (accumulation.py) gives the full-batch
+gradient. `train.objective` picks MLM (this module) or replaced-token detection (rtd.py).
 
 Dropout keys are `fold_in(state.rng, step)` (bert_jax/training/state.py).
 """
@@ -21,8 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax.convert import start_points
+from bert_jax.model import flops
 from bert_jax.model.encoder import BertForPreTraining, init_params, logical_param_specs
-from bert_jax.pretrain import mlm_loss
+from bert_jax.pretrain import accumulation, mlm_loss, rtd
 from bert_jax.training.run_setup import Objective, RunSetup, build, model_config
 from bert_jax.training.state import TrainState, apply_gradients
 from input_pipeline.pretrain import objectives
@@ -95,19 +95,6 @@ def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
   return out
 
 
-def _micro_batches(batch, accum_steps: int):
-  """[B, ...] -> [A, B/A, ...] with micro-batch i = rows i, i+A, ...: every micro-batch is
-  spread over all devices, since each device holds a contiguous block of rows."""
-
-  def split(x):
-    b = x.shape[0]
-    if b % accum_steps:
-      raise ValueError(f'per-step batch {b} is not divisible by accum_steps={accum_steps}')
-    return jnp.swapaxes(x.reshape((b // accum_steps, accum_steps) + x.shape[1:]), 0, 1)
-
-  return jax.tree_util.tree_map(split, batch)
-
-
 def train_step(state: TrainState, batch, *, model: BertForPreTraining,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                accum_steps: int = 1, sentence_objective: str = 'nsp', mlm_chunk: int = 0
@@ -125,20 +112,8 @@ def train_step(state: TrainState, batch, *, model: BertForPreTraining,
       return sums['mlm_loss'] / norm_mlm, sums
     return sums['mlm_loss'] / norm_mlm + sums[f'{head}_loss'] / norm_head, sums
 
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-  if accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, key)
-  else:
-    def body(acc, xs):
-      micro, i = xs
-      g, s = grad_fn(state.params, micro, jax.random.fold_in(key, i))
-      return jax.tree_util.tree_map(jnp.add, acc, (g, s)), None
-
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(
-        grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[:1], batch), key))
-    (grads, sums), _ = jax.lax.scan(
-        body, zeros, (_micro_batches(batch, accum_steps), jnp.arange(accum_steps)))
-
+  grads, sums = accumulation.grads_and_sums(jax.grad(loss_fn, has_aux=True), state.params,
+                                             batch, key, accum_steps)
   state, update_metrics = apply_gradients(state, grads, tx, schedule)
   return state, summarize(sums) | update_metrics
 
@@ -154,23 +129,31 @@ def eval_step(params, batch, *, model: BertForPreTraining,
 
 def objective(config) -> Objective:
   """Pre-training's objective from a config: BertForPreTraining, the MLM (+ sentence) loss
-  with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout."""
+  with `train.accum_steps` micro-batches, the eval sums, the reader's batch layout; or with
+  `train.objective=rtd` replaced-token detection (rtd.py) with the model as discriminator."""
   model_cfg = model_config(start_points.with_start_shape(config))
   start_points.check_max_seq_length(
       model_cfg, config.data.max_seq_length,
       f'model.size={config.model.size} model.arch={model_cfg.arch}\'s',
       f'write the data with create_pretraining_data --max_seq_length={model_cfg.max_length} '
       '(or less) and set --config.data.max_seq_length to it')
+  if config.train.objective not in rtd.OBJECTIVES:
+    raise ValueError(f'train.objective={config.train.objective!r}: expected one of '
+                     f'{rtd.OBJECTIVES} (masked LM, or replaced-token detection)')
   sentence_objective = config.data.sentence_objective
   objectives.check_name(sentence_objective, 'data.sentence_objective')
-  if not model_cfg.family.sentence_head and sentence_objective != 'none':
+  rtd_objective = config.train.objective == 'rtd'  # trains no sentence head on any records
+  if (not model_cfg.family.sentence_head and sentence_objective != 'none'
+      and not rtd_objective):
     raise ValueError(f'model.arch={model_cfg.arch!r} has no sentence head, but '
                      f'data.sentence_objective={sentence_objective!r}: write the data with '
                      'create_pretraining_data --next_sentence=none and set '
                      '--config.data.sentence_objective=none')
+  layout = data_lib.output_layout(data_lib.reader_config(config))
+  if rtd_objective:
+    return rtd.objective(config, model_cfg, layout)
   model = BertForPreTraining(model_cfg)
   mlm_chunk = config.model.mlm_loss_chunk
-  layout = data_lib.output_layout(data_lib.reader_config(config))
   return Objective(
       name=f'pretraining ({sentence_objective})', model_cfg=model_cfg,
       init_params=functools.partial(init_params, model_cfg),
@@ -180,7 +163,8 @@ def objective(config) -> Objective:
                                    sentence_objective=sentence_objective, mlm_chunk=mlm_chunk),
       eval_step=functools.partial(eval_step, model=model, sentence_objective=sentence_objective,
                                   mlm_chunk=mlm_chunk),
-      batch_shapes=layout.shapes, layout=layout)
+      batch_shapes=layout.shapes, layout=layout, summarize=summarize,
+      train_flops=functools.partial(flops.train_flops_per_step, model_cfg))
 
 
 def setup(config, devices=None) -> RunSetup:

@@ -107,7 +107,8 @@ class Objective:
   """What a run trains and how it reads out: the model's params and logical specs, the loss
   step `train_step(state, batch, *, tx, schedule) -> (state, metrics)`, the readout
   `eval_step(params, batch)` (eval sums or predictions) and the global batch it compiles for,
-  `batch_shapes(global_batch) -> {feature: (shape, dtype)}`."""
+  `batch_shapes(global_batch) -> {feature: (shape, dtype)}`. Pre-training's also bring
+  `summarize` (eval sums -> metrics) and `train_flops(rows, seq_len, predictions)`."""
   name: str
   model_cfg: BertConfig
   init_params: Callable[[jax.Array], Any]
@@ -116,6 +117,8 @@ class Objective:
   eval_step: Callable
   batch_shapes: Callable[[int], dict]
   layout: Any = None  # pre-training's BatchLayout (reader fields, all-padding eval batches)
+  summarize: Callable | None = None
+  train_flops: Callable[[int, int, int], float] | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
