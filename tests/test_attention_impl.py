@@ -17,6 +17,7 @@ import pytest
 
 from bert_jax.model import attention as attn
 from bert_jax.model import encoder
+from bert_jax.model import splash as splash_lib
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.training import sharding as shd
 
@@ -320,3 +321,95 @@ def test_aot_without_libtpu_says_how_to_get_it():
   proc = aot('--config=configs/bert_tiny.py', '--topology=v5e:2x2', libtpu=False)
   _, stderr = proc.communicate(timeout=300)
   assert proc.returncode != 0 and "pip install 'jax[tpu]'" in stderr, stderr[-2000:]
+
+
+# ------------------------------------------------------------- splash across blocks (issue 36)
+# Rows of 3 and 5 blocks of 128 tokens (splash.block_size picks 128 for 384 and 640), where the
+# kernel's online softmax runs over several key blocks and the local mask skips whole blocks.
+
+
+def reference(q, k, v, allowed):
+  """Plain softmax attention in float32 at full matmul precision over `allowed` [B, S, S]; a
+  query with no allowed key gets the uniform average of the row's values (every logit masked
+  to the same value), as both of our cores give."""
+  f32 = lambda x: x.astype(jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+  logits = jnp.einsum('bqhd,bkhd->bhqk', f32(q), f32(k), precision=hi) / np.sqrt(q.shape[-1])
+  logits = jnp.where(allowed[:, None], logits, jnp.finfo(jnp.float32).min)
+  return jnp.einsum('bhqk,bkhd->bqhd', jax.nn.softmax(logits, -1), f32(v), precision=hi)
+
+
+def allowed_pairs(groups, packed, half_window=None):
+  """[B, S, S] from the token groups by the rule attention.py's docstring states: keys of real
+  tokens (of the query's own instance when packed) within the window."""
+  ok = (groups[:, None, :] > 0) & (groups[:, :, None] == groups[:, None, :] if packed else True)
+  if half_window is not None:
+    ok = ok & attn.band(groups.shape[1], half_window)[None]
+  return ok
+
+
+def crossing_segments(length):
+  """Two packed rows whose instances cross the 128-token block edges: [0, 100), [100, 300),
+  [300, 370) then padding; [0, 200), [200, length)."""
+  a = np.zeros(length, np.int32)
+  a[:100], a[100:300], a[300:370] = 1, 2, 3
+  b = np.where(np.arange(length) < 200, 1, 2).astype(np.int32)
+  return jnp.asarray(np.stack([a, b]))
+
+
+BLOCK_CASES = {
+    # global, 5 blocks, bfloat16: padding ends inside block 2; the second row has no real key
+    'global_padding_mid_block_no_key_bf16': dict(length=640, dtype=jnp.bfloat16, packed=False,
+                                                 groups=unpacked_mask(2, 640, [333, 0])),
+    # float32, a two-sided window of 64: each query block meets its neighbours' blocks in part
+    # and skips the rest; packed instances cross block edges and the row ends in padding
+    'local_packed_crossing_blocks': dict(length=640, dtype=jnp.float32, packed=True,
+                                         groups=crossing_segments(640), half_window=64),
+}
+
+
+@pytest.mark.parametrize('case', list(BLOCK_CASES))
+def test_splash_across_blocks_matches_softmax_and_xla(case):
+  """Forward and q/k/v gradients of splash against the plain reference and the xla core.
+  Compared where a loss can read (`visible`): every query of an unpacked global row, the
+  no-key row included, whose output is the mean of its values; gradients flow from those
+  positions only (the kernel's backward through a no-key query is not the reference's: no
+  loss reads one)."""
+  c = BLOCK_CASES[case]
+  length, dtype, packed, groups = c['length'], c['dtype'], c['packed'], c['groups']
+  half_window = c.get('half_window')
+  assert splash_lib.block_size(length) == 128 and length // 128 >= 3
+  q, k, v = qkv(dtype, length=length, heads=1)
+  allowed = allowed_pairs(groups, packed, half_window)
+  has_key = allowed.any(-1)
+  seen = has_key | (not packed and half_window is None)  # unpacked global: every query
+  cot = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape)) * has_key[..., None, None]
+  mask = attn.attention_mask(*((None, groups) if packed else (groups, None)), 2, length)
+
+  def with_grads(f):
+    loss = lambda q, k, v: (f(q, k, v).astype(jnp.float32) * cot).sum()
+    return jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(loss, (0, 1, 2))(q, k, v)))(q, k, v)
+
+  sides = {
+      'splash': lambda q, k, v: splash_lib.splash_attention(
+          q, k, v, groups, packed=packed, half_window=half_window, interpret=True),
+      'xla': lambda q, k, v: (
+          attn.global_attention(q, k, v, mask, implementation='xla', groups=groups,
+                                packed=packed) if half_window is None else
+          attn.local_attention(q, k, v, mask, groups, half_window=half_window, packed=packed,
+                               implementation='xla')),
+      'reference': lambda q, k, v: reference(q, k, v, allowed)}
+  out = {name: with_grads(f) for name, f in sides.items()}
+  f32 = lambda x: x.astype(jnp.float32)
+  splash_out = f32(out['splash'][0])
+  assert bool(jnp.isfinite(splash_out).all())
+  if not has_key.all() and not packed and half_window is None:  # the no-key row: mean of v
+    row = int(jnp.argmin(has_key.any(-1)))
+    assert float(jnp.max(jnp.abs(splash_out[row] - f32(v[row]).mean(0)))) <= TOL[dtype]
+  for other in ('reference', 'xla'):
+    fwd = float(jnp.max(jnp.abs(splash_out - f32(out[other][0])) * seen[..., None, None]))
+    grads = [float(jnp.max(jnp.abs(f32(a) - f32(b))))
+             for a, b in zip(out['splash'][1], out[other][1])]
+    print(f'{case}: splash vs {other}: fwd {fwd:.2e} dq {grads[0]:.2e} dk {grads[1]:.2e} '
+          f'dv {grads[2]:.2e}')
+    assert max([fwd] + grads) <= TOL[dtype], (other, fwd, grads)
