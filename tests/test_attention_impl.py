@@ -74,10 +74,11 @@ def visible(input_mask, segs, length, half_window):
   return (allowed & near[None]).any(-1)
 
 
-def compare(dtype, input_mask=None, segs=None, half_window=None, length=128, wrap=None):
+def compare(dtype, input_mask=None, segs=None, half_window=None, length=128, wrap=None,
+            batch=2):
   """Max abs differences (forward, grads of q, k, v) of splash against xla, over the
   positions a loss can read; asserts every splash output is finite."""
-  q, k, v = qkv(dtype, length=length)
+  q, k, v = qkv(dtype, batch=batch, length=length)
   weight = visible(input_mask, segs, length, half_window)[:, :, None, None]
   cot = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape)) * weight
 
@@ -145,6 +146,25 @@ def test_heads_sharded_over_the_tensor_axis():
     diffs = compare(jnp.float32, wrap=wrap, **kwargs)
     print('sharded', list(kwargs), diffs)
     assert max(diffs) <= 1e-5, diffs
+
+
+def test_a_batch_the_data_axes_do_not_divide_is_padded_not_replicated():
+  """3 rows over a (data, fsdp, tensor) = (2, 1, 1) mesh: the kernel's shard_map takes 4 rows
+  (one empty) split over `data`, each device attending 2 rows of its own, not all 3 on both
+  (splash.py, Sharding); the 3 rows equal xla's."""
+  mesh = shd.make_mesh((2, 1, 1), jax.devices()[:2])
+  wrap = lambda: shd.activate(mesh, shd.DEFAULT_RULES)
+  input_mask = unpacked_mask(3, 128, [100, 128, 50])
+  q, k, v = qkv(jnp.float32, batch=3)
+  with wrap():
+    jaxpr = jax.make_jaxpr(lambda q, k, v: core('splash', q, k, v, input_mask))(q, k, v)
+  maps = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'shard_map']
+  assert len(maps) == 1
+  shapes = [(x.aval.shape, str(spec)) for x, spec in zip(maps[0].invars,
+                                                        maps[0].params['in_specs'])]
+  assert ((4, 2, 128, 64), "P(('data', 'fsdp'), 'tensor', None, None)") in shapes, shapes
+  diffs = compare(jnp.float32, input_mask=input_mask, wrap=wrap, batch=3)
+  assert max(diffs) <= 1e-5, diffs
 
 
 @functools.lru_cache
