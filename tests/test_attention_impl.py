@@ -255,32 +255,69 @@ def test_auto_picks_per_platform_and_says_what_it_picked(monkeypatch, caplog):
     BertConfig(attention_impl='flash')
 
 
-def test_cudnn_falls_back_where_the_row_layout_does_not_allow_it(caplog):
+def test_cudnn_rules_which_calls_run_the_kernel_how_it_is_fed_and_what_is_said(caplog):
+  """attention.core / cudnn_feed (the module docstring's rules): float32, attention dropout
+  and head sizes cuDNN lacks take xla, said once each; unpacked global rows go by key lengths
+  (nothing said), packed rows and short local rows by a dense mask, long local rows by
+  chunks, each said once."""
   attn._logged.clear()
   q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
-  assert attn.core('cudnn', q, dropout=False, packed=False) == 'cudnn'
   with caplog.at_level(logging.INFO):
-    assert attn.core('cudnn', q, dropout=False, packed=True) == 'xla'
+    assert attn.core('cudnn', q, dropout=False, packed=True) == 'cudnn'
     assert attn.core('cudnn', q.astype(jnp.float32), dropout=False, packed=False) == 'xla'
+    assert attn.core('cudnn', q, dropout=True, packed=False) == 'xla'
+    assert attn.core('cudnn', jnp.zeros((1, 128, 2, 100), jnp.bfloat16), dropout=False,
+                     packed=False) == 'xla'
     assert attn.core('splash', q[:, :100], dropout=False, packed=False, groups=q) == 'xla'
-  assert 'xla instead of cudnn for packed rows' in caplog.text
-  assert 'multiple of 128' in caplog.text
+    fallbacks = caplog.text
+    caplog.clear()
+    feeds = [attn.cudnn_feed(False, 8192), attn.cudnn_feed(True, 512),
+             attn.cudnn_feed(False, 256, 64), attn.cudnn_feed(True, 255, 64),
+             attn.cudnn_feed(True, 1024, 64), attn.cudnn_feed(True, 1024, 64)]
+  assert feeds == ['lengths', 'mask', 'chunks', 'mask', 'chunks', 'chunks']
+  for said in ('xla instead of cudnn for float32', 'xla instead of cudnn for attention dropout',
+               'xla instead of cudnn for head size 100', 'multiple of 128'):
+    assert said in fallbacks, said
+  said = [r.getMessage() for r in caplog.records]
+  assert said == ["model.attention_impl=cudnn: a dense mask for packed rows (jax's cuDNN call "
+                  'takes no segment ids)',
+                  "model.attention_impl=cudnn: sliding-window layers over rows of 256 tokens in "
+                  "chunks of 64 (cuDNN's own window is one-sided)",
+                  'model.attention_impl=cudnn: a dense mask for sliding-window layers over rows '
+                  'of 255 tokens (under four chunks)',
+                  "model.attention_impl=cudnn: sliding-window layers over rows of 1024 tokens "
+                  "in chunks of 64 (cuDNN's own window is one-sided)"], said
 
 
-def test_cudnn_local_layers_over_long_rows_say_they_run_the_chunked_xla_core(caplog):
-  """ModernBERT's sliding window at 1,024 tokens: the chunked core, whatever was asked for;
-  the log says so rather than leaving cudnn's name on it."""
-  attn._logged.clear()
-  q = jax.random.normal(jax.random.key(0), (1, 512, 2, 16), jnp.bfloat16)
-  groups = jnp.ones((1, 512), jnp.int32)
-  mask = attn.attention_mask(None, None, 1, 512)
-  with caplog.at_level(logging.WARNING):
-    out = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
-                               implementation='cudnn')
-  expected = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
-                                  implementation='xla')
-  assert jnp.array_equal(out, expected)
-  assert 'xla instead of cudnn for sliding-window layers over rows of 512 tokens' in caplog.text
+def test_what_cudnn_is_given_computes_the_xla_cores(caplog):
+  """The arguments the cudnn path hands jax.nn.dot_product_attention, run through jax's own
+  xla implementation of the same call (cuDNN itself needs a GPU: benchmarks/gpu_attention.py
+  checks it there): key lengths of padded rows equal the xla core's mask (a filler row of
+  padding alone attends its first key), and the [B*n, c, 3c] chunks of a packed, padded
+  local layer equal the chunked core, forward and q/k/v gradients."""
+  q, k, v = qkv(jnp.float32, batch=3, length=256)
+  input_mask = unpacked_mask(3, 256, [100, 256, 0])
+  mask = attn.attention_mask(input_mask, None, 3, 256)
+  by_lengths, dense = jax.jit(lambda q, k, v: (
+      attn.fused_by_lengths(q, k, v, input_mask, fused='xla'),
+      attn.global_attention(q, k, v, mask, implementation='xla')))(q, k, v)
+  assert float(jnp.max(jnp.abs(by_lengths - dense)[:2])) <= 1e-5
+  assert float(jnp.max(jnp.abs(by_lengths[2] - v[2, :1]))) <= 1e-6
+
+  segs = crossing_segments(256)
+  cot = jnp.sin(jnp.arange(q[:2].size, dtype=jnp.float32).reshape(q[:2].shape))
+  cot = cot * (segs > 0)[..., None, None]  # packed padding: no loss reads it
+
+  def chunked(fused):
+    f = lambda q, k, v: attn._chunked_local_attention(q, k, v, segs, 32, True, 0.0, None, fused)
+    loss = lambda q, k, v: (f(q, k, v) * cot).sum()
+    return jax.jit(lambda q, k, v: (f(q, k, v) * (cot != 0),
+                                    jax.grad(loss, (0, 1, 2))(q, k, v)))(q[:2], k[:2], v[:2])
+
+  ours, given = chunked(None), chunked('xla')
+  diffs = [float(jnp.max(jnp.abs(a - b))) for a, b in
+           zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(given))]
+  assert max(diffs) <= 1e-5, diffs
 
 
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
