@@ -30,8 +30,9 @@ skips them.
   StableAdamW and sparse prediction (modern_peers.hf_step).
 What each implementation ran is read off the compiled step (gpu_step.fused_attention: cuDNN
 fused-attention calls forward and backward; with cudnn every layer should hold one of each:
-24 for BERT-large, 22 for ModernBERT-base, its 14 local layers by chunks) and the fallbacks
-bert_jax/model/attention.py logs.
+24 for BERT-large, 22 for ModernBERT-base, its 14 local layers by chunks) and what
+bert_jax/model/attention.py said while the side was set up and compiled (`attention_said`:
+its fallbacks and how cuDNN was fed, INFO lines included).
 tokens/s = rows x length / step; MFU = `flops.train_flops_per_step` (local layers count their
 window, MLM head on the predicted positions) / step / the device's bf16 dense peak
 (`flops.KNOWN_PEAKS`), the same model FLOPs for every side.
@@ -62,6 +63,7 @@ import jaxlib
 import modern_peers
 
 from bert_jax.convert import hf_modern
+from bert_jax.model import attention as attention_lib
 from bert_jax.model import flops
 from bert_jax.model.encoder import BertConfig
 from configs import modern as modern_recipe
@@ -189,7 +191,9 @@ def main():
       if 'hf_torch' in args.sides and 'hf' not in r:
         r['hf'] = attempt(hf, family, size, setup, host, args.steps, args.warmup)
         print(elapsed(), json.dumps({'config': spec, 'hf': r['hf']}), flush=True)
+      attention_lib._logged.clear()  # what this side's attention said, INFO lines included
       r['ours'][impl] = attempt(gpu_step.ours, setup, host, args.steps, args.warmup)
+      r['ours'][impl]['attention_said'] = sorted(attention_lib._logged)
       print(elapsed(), json.dumps({'config': spec, 'impl': impl, **r['ours'][impl]}), flush=True)
       # a process killed later keeps these
       write(args.out, info, peak, args, results + [r], parity)
