@@ -19,10 +19,12 @@ where |i - j| > half_window, a static `LocalMask((S, S), (w, w), 0)`):
   alone; padding (segment 0) queries see the padding keys, where the xla cores let them
   attend nowhere (a uniform average). Outputs at padding positions reach no loss (padding is
   never a key of a real token, nor an MLM or [CLS] position), so losses and gradients agree.
-A query with no allowed key at all (an all-padding unpacked row, or a padded query in a
-local layer with no real key within its window) gets a finite average over the key blocks
-the kernel visits (its logits all take the mask value); the xla cores give a finite average
-too, over other keys. Again no loss reads it.
+A query with no allowed key at all gets a finite average over the key blocks the kernel
+visits (its logits all take the mask value): in a global layer (an all-padding unpacked row)
+every block, so the mean of the row's values, exactly what the xla core gives; in a local
+layer (a padded query with no real key within its window) the band's blocks, where the xla
+cores average over other keys. The kernel's backward through such a query is not the
+softmax's (its q and k gradients are not zero), so no loss may read it, and none does.
 
 Sharding: under a mesh (`jax.set_mesh`, as training/sharding.activate does) the kernel runs in
 a `jax.shard_map` with the batch and heads split as the logical rules map `batch` and
