@@ -7,12 +7,15 @@ a parity check of the cuDNN kernel against the xla cores (benchmarks/cudnn_parit
   python benchmarks/gpu_attention.py --configs=bert-tiny:128:2,modern-tiny:512:2 --impls=xla \
       --steps=2 --warmup=1 --parity=off   # smoke, on CPU (HF on the CPU too)
 
-What the GPU image lacks, carried in `.whl/` (an ignored folder; ~150 KB): `pip download
---no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
-ml_collections==1.1.0 google-crc32c==1.9.0 torch-optimi==0.2.1 -d .whl`, installed there with
-`pip install --no-index --no-deps .whl/*.whl`. TensorFlow is not needed: the run setup imports
-input_pipeline.pretrain.dataset for the batch layout only, and where tensorflow is missing
-this script puts an empty module in its place (said on stdout); no tf.data reader runs here.
+What the GPU image lacks (python 3.12, no network), carried in `.whl/` (an ignored folder,
+~150 KB): `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+manylinux2014_x86_64 ml_collections==1.1.0 google-crc32c==1.9.0 torch-optimi==0.2.1 -d .whl`,
+unpacked there onto the path (wheels are zip files; no pip needed):
+  python3 -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('/tmp/whl') for w in \
+      glob.glob('.whl/*.whl')]" && PYTHONPATH=$PWD:/tmp/whl ... python3 benchmarks/gpu_attention.py
+TensorFlow is not needed: the run setup imports input_pipeline.pretrain.dataset for the batch
+layout only, and where tensorflow is missing an empty module stands in for that import
+(`without_tensorflow`, said on stdout); no tf.data reader runs here.
 
 One process; per config (family-size:seq:batch) HF first (its memory is handed back before
 JAX's pool grows), then ours once per implementation, all on the same numpy batches (no
@@ -133,12 +136,18 @@ def write(path: str | None, info: dict, peak: float, args, results: list,
 
 
 def without_tensorflow() -> None:
-  """An empty `tensorflow` module where the image has none: the run setup imports the
-  pretraining reader's module for its batch layout (input_pipeline/pretrain/dataset.py), whose
-  tf.data code never runs in this script."""
-  if importlib.util.find_spec('tensorflow') is None:
-    sys.modules['tensorflow'] = types.ModuleType('tensorflow')
-    print('tensorflow: not installed; an empty module stands in (no reader runs here)')
+  """Where the image has no tensorflow: the run setup's modules imported with an empty
+  `tensorflow` module standing in, then taken out of sys.modules again (transformers and the
+  rest still see none installed). The setup imports the pretraining reader's module for its
+  batch layout (input_pipeline/pretrain/dataset.py); its tf.data code never runs here."""
+  if importlib.util.find_spec('tensorflow') is not None:
+    return
+  sys.modules['tensorflow'] = types.ModuleType('tensorflow')
+  try:
+    importlib.import_module('bert_jax.pretrain.step')
+  finally:
+    del sys.modules['tensorflow']
+  print('tensorflow: not installed; an empty module stood in for the run setup\'s imports')
 
 
 def versions() -> dict:
