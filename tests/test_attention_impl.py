@@ -17,6 +17,7 @@ import pytest
 
 from bert_jax.model import attention as attn
 from bert_jax.model import encoder
+from bert_jax.model import splash as splash_lib
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.training import sharding as shd
 
@@ -73,10 +74,11 @@ def visible(input_mask, segs, length, half_window):
   return (allowed & near[None]).any(-1)
 
 
-def compare(dtype, input_mask=None, segs=None, half_window=None, length=128, wrap=None):
+def compare(dtype, input_mask=None, segs=None, half_window=None, length=128, wrap=None,
+            batch=2):
   """Max abs differences (forward, grads of q, k, v) of splash against xla, over the
   positions a loss can read; asserts every splash output is finite."""
-  q, k, v = qkv(dtype, length=length)
+  q, k, v = qkv(dtype, batch=batch, length=length)
   weight = visible(input_mask, segs, length, half_window)[:, :, None, None]
   cot = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape)) * weight
 
@@ -129,18 +131,24 @@ def test_local_window_edge_is_two_sided_half_window():
     assert bool(jnp.any(jnp.abs(moved - base) > 1e-3)) == seen, j
 
 
-def test_heads_sharded_over_the_tensor_axis():
-  """Under a (data, fsdp, tensor) = (1, 1, 2) mesh and the default rules the kernel runs in a
-  shard_map, one head per device, and still equals xla."""
-  mesh = shd.make_mesh((1, 1, 2), jax.devices()[:2])
+def test_rows_and_heads_sharded_an_awkward_batch_padded():
+  """Under a (data, fsdp, tensor) = (2, 1, 2) mesh and the default rules the kernel runs in a
+  shard_map, one head per device, and still equals xla. 3 rows, which the data axis does not
+  divide, go in as 4 (one empty), each device attending 2 rows of its own rather than all 3
+  (splash.py, Sharding)."""
+  mesh = shd.make_mesh((2, 1, 2), jax.devices()[:4])
   wrap = lambda: shd.activate(mesh, shd.DEFAULT_RULES)
-  input_mask = unpacked_mask(2, 128, [100, 128])
-  q, k, v = qkv(jnp.float32)
+  input_mask = unpacked_mask(3, 128, [100, 128, 50])
+  q, k, v = qkv(jnp.float32, batch=3)
   with wrap():
-    jaxpr = str(jax.make_jaxpr(lambda q, k, v: core('splash', q, k, v, input_mask))(q, k, v))
-  assert 'shard_map' in jaxpr and "'tensor'" in jaxpr
-  for kwargs in (dict(input_mask=input_mask), dict(segs=packed_ids(256), half_window=32,
-                                                   length=256)):
+    jaxpr = jax.make_jaxpr(lambda q, k, v: core('splash', q, k, v, input_mask))(q, k, v)
+  maps = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'shard_map']
+  assert len(maps) == 1
+  shapes = [(x.aval.shape, str(spec)) for x, spec in zip(maps[0].invars,
+                                                        maps[0].params['in_specs'])]
+  assert ((4, 2, 128, 64), "P(('data', 'fsdp'), 'tensor', None, None)") in shapes, shapes
+  for kwargs in (dict(input_mask=input_mask, batch=3),
+                 dict(segs=packed_ids(256), half_window=32, length=256)):
     diffs = compare(jnp.float32, wrap=wrap, **kwargs)
     print('sharded', list(kwargs), diffs)
     assert max(diffs) <= 1e-5, diffs
@@ -234,32 +242,65 @@ def test_auto_picks_per_platform_and_says_what_it_picked(monkeypatch, caplog):
     BertConfig(attention_impl='flash')
 
 
-def test_cudnn_falls_back_where_the_row_layout_does_not_allow_it(caplog):
+def test_cudnn_rules_which_calls_run_the_kernel_how_it_is_fed_and_what_is_said(caplog):
+  """attention.core / cudnn_feed (the module docstring's rules): float32, attention dropout
+  and head sizes cuDNN lacks take xla, said once each; unpacked global rows go by key lengths
+  (nothing said), packed rows and short local rows by a dense mask, long local rows by
+  chunks, each said once."""
   attn._logged.clear()
   q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
-  assert attn.core('cudnn', q, dropout=False, packed=False) == 'cudnn'
   with caplog.at_level(logging.INFO):
-    assert attn.core('cudnn', q, dropout=False, packed=True) == 'xla'
+    assert attn.core('cudnn', q, dropout=False, packed=True) == 'cudnn'
     assert attn.core('cudnn', q.astype(jnp.float32), dropout=False, packed=False) == 'xla'
+    assert attn.core('cudnn', q, dropout=True, packed=False) == 'xla'
+    assert attn.core('cudnn', jnp.zeros((1, 128, 2, 100), jnp.bfloat16), dropout=False,
+                     packed=False) == 'xla'
     assert attn.core('splash', q[:, :100], dropout=False, packed=False, groups=q) == 'xla'
-  assert 'xla instead of cudnn for packed rows' in caplog.text
-  assert 'multiple of 128' in caplog.text
+    fallbacks = caplog.text
+    caplog.clear()
+    feeds = [attn.cudnn_feed(False, 8192), attn.cudnn_feed(True, 512),
+             attn.cudnn_feed(False, 256, 64), attn.cudnn_feed(True, 255, 64),
+             attn.cudnn_feed(True, 1024, 64), attn.cudnn_feed(True, 1024, 64)]
+  assert feeds == ['lengths', 'mask', 'chunks', 'mask', 'chunks', 'chunks']
+  for said in ('xla instead of cudnn for float32', 'xla instead of cudnn for attention dropout',
+               'xla instead of cudnn for head size 100', 'multiple of 128'):
+    assert said in fallbacks, said
+  said = [r.getMessage() for r in caplog.records]
+  assert said == ["model.attention_impl=cudnn: a dense mask for packed rows (jax's cuDNN call "
+                  'takes no segment ids)',
+                  "model.attention_impl=cudnn: sliding-window layers over rows of 256 tokens in "
+                  "chunks of 64 (cuDNN's own window is one-sided)",
+                  'model.attention_impl=cudnn: a dense mask for sliding-window layers over rows '
+                  'of 255 tokens (under four chunks)',
+                  "model.attention_impl=cudnn: sliding-window layers over rows of 1024 tokens "
+                  "in chunks of 64 (cuDNN's own window is one-sided)"], said
 
 
-def test_cudnn_local_layers_over_long_rows_say_they_run_the_chunked_xla_core(caplog):
-  """ModernBERT's sliding window at 1,024 tokens: the chunked core, whatever was asked for;
-  the log says so rather than leaving cudnn's name on it."""
-  attn._logged.clear()
-  q = jax.random.normal(jax.random.key(0), (1, 512, 2, 16), jnp.bfloat16)
-  groups = jnp.ones((1, 512), jnp.int32)
-  mask = attn.attention_mask(None, None, 1, 512)
-  with caplog.at_level(logging.WARNING):
-    out = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
-                               implementation='cudnn')
-  expected = attn.local_attention(q, q, q, mask, groups, half_window=64, packed=False,
-                                  implementation='xla')
-  assert jnp.array_equal(out, expected)
-  assert 'xla instead of cudnn for sliding-window layers over rows of 512 tokens' in caplog.text
+def test_what_cudnn_is_given_computes_the_xla_cores():
+  """The arguments the cudnn path hands jax.nn.dot_product_attention, run through jax's own
+  xla implementation of the same call (cuDNN itself needs a GPU: benchmarks/gpu_attention.py
+  checks it there): key lengths of padded rows equal the xla core's mask (a filler row of
+  padding alone attends its first key), and the [B*n, c, 3c] chunks of a packed, padded
+  local layer equal the chunked core."""
+  q, k, v = qkv(jnp.float32, batch=3, length=256)
+  input_mask = unpacked_mask(3, 256, [100, 256, 0])
+  mask = attn.attention_mask(input_mask, None, 3, 256)
+  segs = crossing_segments(256)
+  readable = (segs > 0)[..., None, None]  # packed padding: no loss reads it
+
+  def chunked(fused, q, k, v):  # forward: gradients are autodiff's of the same ops
+    return attn._chunked_local_attention(q, k, v, segs, 32, True, 0.0, None, fused) * readable
+
+  @jax.jit
+  def both(q, k, v):  # one compile for every side
+    return (attn.fused_by_lengths(q, k, v, input_mask, fused='xla'),
+            attn.global_attention(q, k, v, mask, implementation='xla'),
+            chunked(None, q[:2], k[:2], v[:2]), chunked('xla', q[:2], k[:2], v[:2]))
+
+  by_lengths, dense, ours, given = both(q, k, v)
+  assert float(jnp.max(jnp.abs(by_lengths - dense)[:2])) <= 1e-5
+  assert float(jnp.max(jnp.abs(by_lengths[2] - v[2, :1]))) <= 1e-6
+  assert float(jnp.max(jnp.abs(ours - given))) <= 1e-5
 
 
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
@@ -320,3 +361,95 @@ def test_aot_without_libtpu_says_how_to_get_it():
   proc = aot('--config=configs/bert_tiny.py', '--topology=v5e:2x2', libtpu=False)
   _, stderr = proc.communicate(timeout=300)
   assert proc.returncode != 0 and "pip install 'jax[tpu]'" in stderr, stderr[-2000:]
+
+
+# ------------------------------------------------------------- splash across blocks (issue 36)
+# Rows of 3 and 5 blocks of 128 tokens (splash.block_size picks 128 for 384 and 640), where the
+# kernel's online softmax runs over several key blocks and the local mask skips whole blocks.
+
+
+def reference(q, k, v, allowed):
+  """Plain softmax attention in float32 at full matmul precision over `allowed` [B, S, S]; a
+  query with no allowed key gets the uniform average of the row's values (every logit masked
+  to the same value), as both of our cores give."""
+  f32 = lambda x: x.astype(jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+  logits = jnp.einsum('bqhd,bkhd->bhqk', f32(q), f32(k), precision=hi) / np.sqrt(q.shape[-1])
+  logits = jnp.where(allowed[:, None], logits, jnp.finfo(jnp.float32).min)
+  return jnp.einsum('bhqk,bkhd->bqhd', jax.nn.softmax(logits, -1), f32(v), precision=hi)
+
+
+def allowed_pairs(groups, packed, half_window=None):
+  """[B, S, S] from the token groups by the rule attention.py's docstring states: keys of real
+  tokens (of the query's own instance when packed) within the window."""
+  ok = (groups[:, None, :] > 0) & (groups[:, :, None] == groups[:, None, :] if packed else True)
+  if half_window is not None:
+    ok = ok & attn.band(groups.shape[1], half_window)[None]
+  return ok
+
+
+def crossing_segments(length):
+  """Two packed rows whose instances cross the 128-token block edges: [0, 100), [100, 300),
+  [300, 370) then padding; [0, 200), [200, length)."""
+  a = np.zeros(length, np.int32)
+  a[:100], a[100:300], a[300:370] = 1, 2, 3
+  b = np.where(np.arange(length) < 200, 1, 2).astype(np.int32)
+  return jnp.asarray(np.stack([a, b]))
+
+
+BLOCK_CASES = {
+    # global, 5 blocks, bfloat16: padding ends inside block 2; the second row has no real key
+    'global_padding_mid_block_no_key_bf16': dict(length=640, dtype=jnp.bfloat16, packed=False,
+                                                 groups=unpacked_mask(2, 640, [333, 0])),
+    # float32, a two-sided window of 64: each query block meets its neighbours' blocks in part
+    # and skips the rest; packed instances cross block edges and the row ends in padding
+    'local_packed_crossing_blocks': dict(length=640, dtype=jnp.float32, packed=True,
+                                         groups=crossing_segments(640), half_window=64),
+}
+
+
+@pytest.mark.parametrize('case', list(BLOCK_CASES))
+def test_splash_across_blocks_matches_softmax_and_xla(case):
+  """Forward and q/k/v gradients of splash against the plain reference and the xla core.
+  Compared where a loss can read (`visible`): every query of an unpacked global row, the
+  no-key row included, whose output is the mean of its values; gradients flow from those
+  positions only (the kernel's backward through a no-key query is not the reference's: no
+  loss reads one)."""
+  c = BLOCK_CASES[case]
+  length, dtype, packed, groups = c['length'], c['dtype'], c['packed'], c['groups']
+  half_window = c.get('half_window')
+  assert splash_lib.block_size(length) == 128 and length // 128 >= 3
+  q, k, v = qkv(dtype, length=length, heads=1)
+  allowed = allowed_pairs(groups, packed, half_window)
+  has_key = allowed.any(-1)
+  seen = has_key | (not packed and half_window is None)  # unpacked global: every query
+  cot = jnp.sin(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape)) * has_key[..., None, None]
+  mask = attn.attention_mask(*((None, groups) if packed else (groups, None)), 2, length)
+
+  def with_grads(f):
+    loss = lambda q, k, v: (f(q, k, v).astype(jnp.float32) * cot).sum()
+    return jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(loss, (0, 1, 2))(q, k, v)))(q, k, v)
+
+  sides = {
+      'splash': lambda q, k, v: splash_lib.splash_attention(
+          q, k, v, groups, packed=packed, half_window=half_window, interpret=True),
+      'xla': lambda q, k, v: (
+          attn.global_attention(q, k, v, mask, implementation='xla', groups=groups,
+                                packed=packed) if half_window is None else
+          attn.local_attention(q, k, v, mask, groups, half_window=half_window, packed=packed,
+                               implementation='xla')),
+      'reference': lambda q, k, v: reference(q, k, v, allowed)}
+  out = {name: with_grads(f) for name, f in sides.items()}
+  f32 = lambda x: x.astype(jnp.float32)
+  splash_out = f32(out['splash'][0])
+  assert bool(jnp.isfinite(splash_out).all())
+  if not has_key.all() and not packed and half_window is None:  # the no-key row: mean of v
+    row = int(jnp.argmin(has_key.any(-1)))
+    assert float(jnp.max(jnp.abs(splash_out[row] - f32(v[row]).mean(0)))) <= TOL[dtype]
+  for other in ('reference', 'xla'):
+    fwd = float(jnp.max(jnp.abs(splash_out - f32(out[other][0])) * seen[..., None, None]))
+    grads = [float(jnp.max(jnp.abs(f32(a) - f32(b))))
+             for a, b in zip(out['splash'][1], out[other][1])]
+    print(f'{case}: splash vs {other}: fwd {fwd:.2e} dq {grads[0]:.2e} dk {grads[1]:.2e} '
+          f'dv {grads[2]:.2e}')
+    assert max([fwd] + grads) <= TOL[dtype], (other, fwd, grads)

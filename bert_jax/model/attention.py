@@ -17,13 +17,27 @@ Three cores:
 `implementation` (`model.attention_impl`) picks how a core runs: `xla` (the cores above;
 `jax.nn.dot_product_attention(implementation='xla')` where they call it), `splash` (TPU: the
 Pallas splash kernel for global and local layers, splash.py; elsewhere in Pallas interpret
-mode, for tests), `cudnn` (GPU: `jax.nn.dot_product_attention(implementation='cudnn')` in the
-dense global and short-row local cores; local layers over rows of four chunks or more run the
-chunked xla core, said once in the log), `auto` (TPU: splash, GPU: cudnn, else xla), or None
-(jax.nn.dot_product_attention picks, as before `auto` existed). Where the choice cannot run a
-call, that call takes the xla core and says so once in the log: splash and cudnn with
-attention dropout in training, splash on rows not a multiple of 128 tokens, cudnn on packed
-rows (a block-diagonal mask) and in float32 (cuDNN's fused attention takes fp16/bf16).
+mode, for tests), `cudnn` (GPU: cuDNN's fused flash attention through
+`jax.nn.dot_product_attention(implementation='cudnn')`, fed as `cudnn_feed` says), `auto`
+(TPU: splash, GPU: cudnn, else xla), or None (jax.nn.dot_product_attention picks, as before
+`auto` existed). Where the choice cannot run a call, that call takes the xla core and says so
+once in the log: splash and cudnn with attention dropout in training, splash on rows not a
+multiple of 128 tokens, cudnn in float32 (cuDNN's fused attention takes fp16/bf16) or on a
+head size not a multiple of 8 up to 128.
+
+How cuDNN is fed (`cudnn_feed`; what jax.nn.dot_product_attention's cuDNN path takes: key
+sequence lengths, a mask it turns into a bias, and a one-sided window only):
+- `lengths`: unpacked global rows, any length, no mask tensor: each row's key length (its
+  real tokens; padding is a suffix of the row, as every reader here writes it), so the
+  kernel skips padded keys and padded queries still attend the real ones (BERT's rule); no
+  query blocking (flash attention keeps memory linear in the row);
+- `mask`: packed rows (the block-diagonal mask as a [B, 1, S, S] bias: the public call takes
+  no segment ids) and local layers over rows shorter than four chunks (the band as a mask),
+  said once in the log;
+- `chunks`: local layers over longer rows: the chunked layout below (each chunk of
+  half_window queries against its three neighbouring key chunks, [B*n, c, 3c] masks) handed
+  to the kernel chunk by chunk, the scores still B·S·heads·(3/2)·window; cuDNN's own window
+  is causal-only (its right window must be 0), ModernBERT's is two-sided. Said once.
 
 Masks follow BERT's rule in unpacked rows (padding masks keys only, as HF does) and give
 packed rows (segment ids, input_pipeline/pretrain/batch_layout.py) a block-diagonal mask, so each instance
@@ -52,6 +66,9 @@ QUERY_BLOCK = 512
 
 # model.attention_impl values; None: jax.nn.dot_product_attention picks (the old default).
 IMPLEMENTATIONS = (None, 'xla', 'splash', 'cudnn', 'auto')
+# cuDNN's flash attention head-size limit before Hopper (256 from Hopper on; BERT's and
+# ModernBERT's heads are 64).
+CUDNN_MAX_HEAD_DIM = 128
 AUTO = {'tpu': 'splash', 'gpu': 'cudnn'}  # platform -> implementation; others: xla
 _logged: set[str] = set()
 
@@ -100,14 +117,37 @@ def core(implementation, q, *, dropout: bool, packed: bool, groups=None) -> str 
   elif impl == 'cudnn':
     if dropout:
       why = 'attention dropout in training (attention_dropout=0 lifts it)'
-    elif packed:
-      why = 'packed rows (block-diagonal masks)'
     elif q.dtype not in (jnp.bfloat16, jnp.float16):
       why = f'{q.dtype} (cuDNN fused attention takes bfloat16 or float16)'
+    elif q.shape[-1] % 8 or q.shape[-1] > CUDNN_MAX_HEAD_DIM:
+      why = (f'head size {q.shape[-1]} (cuDNN fused attention takes multiples of 8 up to '
+             f'{CUDNN_MAX_HEAD_DIM})')
   if why is None:
     return impl
   _log_once(f'model.attention_impl={implementation}: xla instead of {impl} for {why}', level)
   return 'xla'
+
+
+def cudnn_feed(packed: bool, length: int, half_window: int | None = None) -> str:
+  """How a cudnn call is fed (module docstring): `lengths`, `mask` or `chunks`; the
+  last two said once in the log with their reason."""
+  if half_window is None and not packed:
+    return 'lengths'
+  if half_window is not None and length >= MIN_CHUNKS * half_window:
+    feed, why = 'chunks', (f'sliding-window layers over rows of {length} tokens in chunks of '
+                           f'{half_window} (cuDNN\'s own window is one-sided)')
+  else:
+    feed, why = 'mask', ('a dense mask for ' + (
+        f'sliding-window layers over rows of {length} tokens (under four chunks)'
+        if half_window is not None else "packed rows (jax's cuDNN call takes no segment ids)"))
+  _log_once(f'model.attention_impl=cudnn: {why}', logging.INFO)
+  return feed
+
+
+def key_lengths(groups: jax.Array) -> jax.Array:
+  """[B] int32 real tokens per unpacked row (its padding is a suffix), at least 1: a row of
+  padding alone (eval's filler rows) attends its first key, a finite output no loss reads."""
+  return jnp.maximum(jnp.sum(groups > 0, axis=1), 1).astype(jnp.int32)
 
 
 @struct.dataclass
@@ -187,6 +227,10 @@ def global_attention(q, k, v, mask, *, dropout_rate: float = 0.0, key=None,
   if implementation == 'splash':
     return splash_lib.splash_attention(q, k, v, groups, packed=packed,
                                        interpret=_interpret())
+  if implementation == 'cudnn':  # groups=None: a local layer's band, said by local_attention
+    if groups is not None and cudnn_feed(packed, length) == 'lengths':
+      return fused_by_lengths(q, k, v, groups)
+    return _dense_attention(q, k, v, mask, dropout_rate, key, implementation)
   if groups is not None and length >= BLOCKED_FROM and length % QUERY_BLOCK == 0:
     return _blocked_global_attention(q, k, v, groups, packed, dropout_rate, key, implementation)
   return _dense_attention(q, k, v, mask, dropout_rate, key, implementation)
@@ -202,6 +246,13 @@ def _dense_attention(q, k, v, mask, dropout_rate, key, implementation):
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   return _softmax_attention(q, k, v, mask, dropout_rate, key, 'bqhd,bkhd->bhqk',
                             'bhqk,bkhd->bqhd')
+
+
+def fused_by_lengths(q, k, v, groups, fused: str = 'cudnn'):
+  """jax.nn.dot_product_attention over the real keys of unpacked rows, by their lengths
+  (`fused='xla'`: jax's reference of the same call, which the tests compare on CPU)."""
+  return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=key_lengths(groups),
+                                      implementation=fused)
 
 
 def _blocked_global_attention(q, k, v, groups, packed, dropout_rate, key, implementation):
@@ -252,13 +303,13 @@ def local_attention(q, k, v, mask, groups, *, half_window: int, packed: bool,
   if implementation == 'splash':
     return splash_lib.splash_attention(q, k, v, groups, packed=packed, half_window=half_window,
                                        interpret=_interpret())
+  if implementation == 'cudnn':
+    cudnn_feed(packed, length, half_window)  # said once: chunks or a dense band
   if length < MIN_CHUNKS * half_window:
     return global_attention(q, k, v, mask & band(length, half_window), dropout_rate=dropout_rate,
                             key=key, implementation=implementation)
-  if implementation == 'cudnn':  # no sliding-window kernel wired: say what runs instead
-    _log_once(f'model.attention_impl=cudnn: xla instead of cudnn for sliding-window layers '
-              f'over rows of {length} tokens (the chunked core)')
-  return _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key)
+  fused = 'cudnn' if implementation == 'cudnn' else None
+  return _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key, fused)
 
 
 def _neighbours(x):
@@ -270,7 +321,11 @@ def _neighbours(x):
   return jnp.concatenate([prev, x, nxt], axis=2)
 
 
-def _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key):
+def _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate, key,
+                             fused: str | None = None):
+  """`fused`: None, our softmax core over [B, n, ...] chunks; else the
+  jax.nn.dot_product_attention implementation each of the B·n chunks goes to (cudnn; xla in
+  the tests, the same call on CPU)."""
   batch, length, heads, dim = q.shape
   c = half_window
   pad = (-length) % c
@@ -287,6 +342,11 @@ def _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate,
   allowed = (jnp.abs(j - c - a) <= half_window)[None, None] & (gk[:, :, None, :] > 0)
   if packed:
     allowed &= gq[:, :, :, None] == gk[:, :, None, :]
+  if fused is not None:
+    flat = lambda x: x.reshape((batch * n,) + x.shape[2:])
+    out = jax.nn.dot_product_attention(flat(qc), flat(kw), flat(vw), mask=flat(allowed)[:, None],
+                                       implementation=fused)
+    return out.reshape(batch, n * c, heads, dim)[:, :length]
   out = _softmax_attention(qc, kw, vw, allowed[:, :, None], dropout_rate, key,
                            'bnqhd,bnkhd->bnhqk', 'bnhqk,bnkhd->bnqhd')
   return out.reshape(batch, n * c, heads, dim)[:, :length]

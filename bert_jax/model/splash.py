@@ -19,15 +19,20 @@ where |i - j| > half_window, a static `LocalMask((S, S), (w, w), 0)`):
   alone; padding (segment 0) queries see the padding keys, where the xla cores let them
   attend nowhere (a uniform average). Outputs at padding positions reach no loss (padding is
   never a key of a real token, nor an MLM or [CLS] position), so losses and gradients agree.
-A query with no allowed key at all (an all-padding unpacked row, or a padded query in a
-local layer with no real key within its window) gets a finite average over the key blocks
-the kernel visits (its logits all take the mask value); the xla cores give a finite average
-too, over other keys. Again no loss reads it.
+A query with no allowed key at all gets a finite average over the key blocks the kernel
+visits (its logits all take the mask value): in a global layer (an all-padding unpacked row)
+every block, so the mean of the row's values, exactly what the xla core gives; in a local
+layer (a padded query with no real key within its window) the band's blocks, where the xla
+cores average over other keys. The kernel's backward through such a query is not the
+softmax's (its q and k gradients are not zero), so no loss may read it, and none does.
 
 Sharding: under a mesh (`jax.set_mesh`, as training/sharding.activate does) the kernel runs in
 a `jax.shard_map` with the batch and heads split as the logical rules map `batch` and
-`heads` (by default (data, fsdp) and tensor), each shard attending its own heads; a dimension
-its mesh axes do not divide stays whole. Without a mesh it runs as is.
+`heads` (by default (data, fsdp) and tensor), each shard attending its own heads. A batch the
+batch axes do not divide (an eval remainder, 3 rows over 4 devices) is padded with empty rows
+(segment 0 everywhere, zero values) up to their multiple and cut back after, so each device
+attends only its own rows; heads the tensor axis does not divide stay whole on every device
+(each computes all heads of its own rows). Without a mesh it runs as is.
 
 Not covered by the kernel, and left to the caller (attention.py): dropout on the attention
 probabilities, rows whose length is not a multiple of 128.
@@ -89,11 +94,25 @@ def _mesh_axes(logical: str, mesh) -> tuple[str, ...]:
   return tuple(a for a in names if a in mesh.axis_names)
 
 
+def _entry(axes: tuple[str, ...]):
+  """`axes` as a PartitionSpec entry: None, one name or a tuple of names."""
+  return None if not axes else axes if len(axes) > 1 else axes[0]
+
+
 def _split(dim: int, axes: tuple[str, ...], mesh):
   """`axes` as a PartitionSpec entry if their sizes divide `dim`, else None (whole)."""
   if not axes or dim % math.prod(mesh.shape[a] for a in axes):
     return None
-  return axes if len(axes) > 1 else axes[0]
+  return _entry(axes)
+
+
+def _pad_rows(arrays, multiple: int):
+  """The arrays with their leading (batch) dimension zero-padded to a multiple of `multiple`:
+  zero segment ids and values make empty rows, attended by nothing real and cut off after."""
+  pad = (-arrays[0].shape[0]) % multiple
+  if not pad:
+    return arrays
+  return [jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in arrays]
 
 
 def splash_attention(q, k, v, groups, *, packed: bool, half_window: int | None = None,
@@ -115,12 +134,15 @@ def splash_attention(q, k, v, groups, *, packed: bool, half_window: int | None =
     return jax.vmap(kernel)(q, k, v, splash_kernel.SegmentIds(q_ids, kv_ids))
 
   mesh = jax.sharding.get_abstract_mesh()
-  batch_axes = _split(batch, _mesh_axes('batch', mesh), mesh)
+  batch_axes = _mesh_axes('batch', mesh)
   head_axes = _split(heads, _mesh_axes('heads', mesh), mesh)
-  if batch_axes is None and head_axes is None:
+  if not batch_axes and head_axes is None:
     out = attend(q, k, v, q_ids, kv_ids)
   else:
-    qkv_spec, ids_spec = P(batch_axes, head_axes, None, None), P(batch_axes, None)
+    args = _pad_rows([q, k, v, q_ids, kv_ids],
+                     math.prod(mesh.shape[a] for a in batch_axes))
+    qkv_spec = P(_entry(batch_axes), head_axes, None, None)
+    ids_spec = P(_entry(batch_axes), None)
     out = jax.shard_map(attend, mesh=mesh, in_specs=(qkv_spec,) * 3 + (ids_spec,) * 2,
-                        out_specs=qkv_spec, check_vma=False)(q, k, v, q_ids, kv_ids)
+                        out_specs=qkv_spec, check_vma=False)(*args)[:batch]
   return jnp.swapaxes(out, 1, 2)
