@@ -303,6 +303,34 @@ def test_what_cudnn_is_given_computes_the_xla_cores():
   assert float(jnp.max(jnp.abs(ours - given))) <= 1e-5
 
 
+def test_a_query_that_reads_no_key_gets_a_zero_output_and_zero_gradients_from_the_fused_call():
+  """cuDNN's backward gives a query with every key masked a NaN dq (measured on an H200 for
+  padded local chunks; benchmarks/cudnn_parity.py), which the query projection's gradient
+  sums into every weight. The masked fused call (`fused_by_mask`, jax's xla implementation of
+  the same call here) reads key 0 for such a query and zeroes its output, so nothing flows
+  back from it; the other queries equal the xla core."""
+  q, k, v = qkv(jnp.float32, batch=2, length=64)
+  mask = attn.attention_mask(unpacked_mask(2, 64, [40, 0]), None, 2, 64)
+  mask = jnp.broadcast_to(mask, (2, 1, 64, 64)) & attn.band(64, 8)
+  mask = mask & (jnp.arange(64) < 40)[None, None, :, None]  # queries past 40 read nothing
+  readable = mask.any(-1)[:, 0, :, None, None]
+  cot = jnp.cos(jnp.arange(q.size, dtype=jnp.float32).reshape(q.shape))
+
+  @jax.jit
+  def both(q, k, v):
+    fused = lambda q, k, v: attn.fused_by_mask(q, k, v, mask, fused='xla')
+    core = lambda q, k, v: attn.global_attention(q, k, v, mask, implementation='xla')
+    return [(f(q, k, v), jax.grad(lambda *a: (f(*a) * cot * readable).sum(), (0, 1, 2))(q, k, v),
+             jax.grad(lambda *a: (f(*a) * cot).sum())(q, k, v)) for f in (fused, core)]
+
+  (out, grads, dq_all), (ref, ref_grads, _) = both(q, k, v)
+  assert int(readable.sum()) == 40 and bool(jnp.all(jnp.where(readable, True, out == 0)))
+  assert float(jnp.max(jnp.abs((out - ref) * readable))) <= 1e-5
+  for a, b in zip(grads, ref_grads):
+    assert float(jnp.max(jnp.abs(a - b))) <= 1e-5
+  assert bool(jnp.all(jnp.where(readable, True, dq_all == 0)))  # even with a cotangent there
+
+
 def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
   """`python -m bert_jax.aot ARGS` started as tests/test_aot.py runs it (several may compile
   at once); `dump`: XLA's HLO dumps of the train step there (the other modules' dumps,

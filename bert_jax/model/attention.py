@@ -243,9 +243,21 @@ def _dense_attention(q, k, v, mask, dropout_rate, key, implementation):
   if implementation in (None, 'cudnn') and (key is None or dropout_rate == 0.0):
     if implementation == 'cudnn':  # cuDNN takes a mask of every query row, not [B,1,1,S]
       mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q.shape[1], k.shape[1]))
+      return fused_by_mask(q, k, v, mask)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
   return _softmax_attention(q, k, v, mask, dropout_rate, key, 'bqhd,bkhd->bhqk',
                             'bhqk,bkhd->bqhd')
+
+
+def fused_by_mask(q, k, v, mask, fused: str = 'cudnn'):
+  """jax.nn.dot_product_attention under a [B, 1, Sq, Sk] mask, safe for queries that may read
+  no key (padding): cuDNN's backward gives such a query a NaN dq (measured on an H200, every
+  one of them), which the query projection's weight gradient then sums into every weight.
+  Such a query reads key 0 instead and its output is zero, so its cotangent, and dq, are 0."""
+  readable = mask.any(-1, keepdims=True)  # [B, 1, Sq, 1]
+  mask = mask | (~readable & (jnp.arange(mask.shape[-1]) == 0))
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=fused)
+  return jnp.where(jnp.moveaxis(readable, 1, 2), out, jnp.zeros((), out.dtype))
 
 
 def fused_by_lengths(q, k, v, groups, fused: str = 'cudnn'):
@@ -344,8 +356,7 @@ def _chunked_local_attention(q, k, v, groups, half_window, packed, dropout_rate,
     allowed &= gq[:, :, :, None] == gk[:, :, None, :]
   if fused is not None:
     flat = lambda x: x.reshape((batch * n,) + x.shape[2:])
-    out = jax.nn.dot_product_attention(flat(qc), flat(kw), flat(vw), mask=flat(allowed)[:, None],
-                                       implementation=fused)
+    out = fused_by_mask(flat(qc), flat(kw), flat(vw), flat(allowed)[:, None], fused)
     return out.reshape(batch, n * c, heads, dim)[:, :length]
   out = _softmax_attention(qc, kw, vw, allowed[:, :, None], dropout_rate, key,
                            'bnqhd,bnkhd->bnhqk', 'bnhqk,bnkhd->bnqhd')
