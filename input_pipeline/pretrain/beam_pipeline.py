@@ -145,11 +145,11 @@ class UnitReading:
     self._digest.update(np.asarray(self.sizes, '<i8').tobytes())
     self.sizes = []
 
-  def result(self, stats: corpus_lib.CorpusStats, documents: int, chars: int) -> dict:
+  def result(self, stats: corpus_lib.CorpusStats, chars: int) -> dict:
+    """(`stats.documents` counts the documents read.)"""
     self._flush()
     counts = {k: v for k, v in dataclasses.asdict(stats).items() if k != 'failures'}
-    return {'documents_read': documents, 'chars': chars, **counts,
-            'sizes_sha256': self._digest.hexdigest()[:16]}
+    return {'chars': chars, **counts, 'sizes_sha256': self._digest.hexdigest()[:16]}
 
 
 def scan_unit(docs, window_chars: int, stats: corpus_lib.CorpusStats) -> dict:
@@ -158,7 +158,7 @@ def scan_unit(docs, window_chars: int, stats: corpus_lib.CorpusStats) -> dict:
   for doc in docs:
     sizes.append(reading.add(doc))
   summary = unit_summary(np.asarray(sizes, np.int64), window_chars)
-  summary['read'] = reading.result(stats, len(sizes), int(sum(sizes)))
+  summary['read'] = reading.result(stats, int(sum(sizes)))
   return summary
 
 
@@ -167,12 +167,11 @@ def checked(docs, unit: str, first: int, expected: dict, stats: corpus_lib.Corpu
 
   Raising fails the bundle: its output is dropped, a runner that retries (Dataflow: 4 times)
   reads the unit again, and a unit that still differs fails the job, naming the unit."""
-  reading, n, chars = UnitReading(), 0, 0
+  reading, chars = UnitReading(), 0
   for doc in docs:
     chars += reading.add(doc)
-    n += 1
     yield doc
-  got = reading.result(stats, n, chars)
+  got = reading.result(stats, chars)
   if got != expected:
     diff = ', '.join(f'{k} {expected.get(k)} then {got.get(k)}' for k in got
                      if got[k] != expected.get(k))
@@ -492,6 +491,8 @@ def run_many(jobs: list[cpd.Job], beam_args: list[str]) -> list[dict]:
       for n, job in enumerate(jobs):
         build(pipeline, job, start, label=f'job{n}/' if len(jobs) > 1 else '')
   except Exception as e:  # a job's "wrote nothing" arrives wrapped by the runner
+    for job in jobs:
+      fs.rmtree(parts_dir(job))
     text = str(e)
     if 'wrote nothing' in text:
       raise ValueError(text[text.index('--output_file='):].split('\n')[0].rstrip('\'"] ')
