@@ -211,9 +211,15 @@ def test_window_plan_cuts_where_the_local_window_rule_cuts():
     import numpy as np  # pylint: disable=g-import-not-at-top
     plan = beam_pipeline.plan(
         [(i, beam_pipeline.unit_summary(np.array(u, np.int64), w)) for i, u in enumerate(units)], w)
-    got = [index for i, u in enumerate(units) for index, _, _ in
-           beam_pipeline.keyed_by_window([['x' * s] for s in u], *plan[i], w)]
+    got, whole = [], []
+    for i, u in enumerate(units):
+      for index, window, alone in beam_pipeline.unit_windows([['x' * s] for s in u], *plan[i], w):
+        got += [index] * len(window)
+        whole += [(i, index)] if alone else []
     assert got == want, (trial, w, units)
+    # A window made where it was read has all of its documents in that unit.
+    unit_of = [i for i, u in enumerate(units) for _ in u]
+    assert all(unit_of[k] == i for i, index in whole for k, x in enumerate(want) if x == index)
 
 
 def _replace_after_first_read(path, text):

@@ -19,18 +19,27 @@ into windows by one rule (`windows` / `doc_chars`), make a window's rows with on
   1. scan: every unit (a file, or a TFDS shard; corpus.source_units) is read on some worker
      and summarised by the sizes of its documents in a few numbers (`unit_summary`: where the
      window rule cuts it, for any carry-in; O(documents of one window)), plus its corpus
-     statistics (failed documents included);
+     statistics (failed documents included) and what the read saw (`UnitReading`);
   2. plan: one small sequential step chains the summaries in corpus order: each unit's
      carry-in and index of its first window;
-  3. every unit is read again and each document keyed by its window; a window's documents are
-     grouped and turned into serialized rows (`window_features`, TFRecord framing);
-  4. rows are grouped by shard, sorted by window and written atomically (fs.py: gs:// too);
-     instance and corpus statistics are merged with Beam combiners into `<output>.stats.json`.
+  3. every unit is read again, counted the same way and checked against its scan (`checked`:
+     a unit that reads differently, a file changed mid-job or a read that failed once, fails
+     the job naming it, never shifting later windows); each window wholly inside the unit is
+     made into rows right there (`window_features`, TFRecord framing) and written to a part
+     file, one per window; the documents of the at most two windows a unit shares with its
+     neighbours are grouped by window and made into rows the same way;
+  4. a shard is its windows' parts concatenated in window order, streamed (8 MiB at a time)
+     into one atomic write (fs.py: gs:// too); shards are published, empty ones included, as
+     the local tool publishes them (`published`); instance and corpus statistics are merged
+     with Beam combiners into `<output>.stats.json`.
 
-Memory per worker is one unit's scan, one window, and one shard's bytes when it is written
-(shard size = corpus / --num_shards), never the corpus. The plan holds O(documents in the
-first window of each unit) numbers per unit. (DirectRunner's own runner process, unlike a
-fleet's shuffle, keeps each stage's output in memory: the corpus and shards pass through it.)
+Memory per worker is one unit's scan and one window; what crosses a shuffle is a few numbers
+per unit, the documents of at most two windows per unit, and a part's name per window: never
+the corpus or a shard's rows, on a fleet or on the DirectRunner (whose runner process keeps
+each stage's output in memory). The plan holds O(documents in the first window of each unit)
+numbers per unit. A remote runner's workers see only URLs: local paths and `--train_tokenizer`
+(which would read the whole corpus on the launching machine) are refused before submission
+(`check_paths_for_runner`).
 
 A document that cannot be read is dropped and counted (`--bad_documents=skip`, the command's
 default), never a crashed job or a silent loss.
@@ -112,14 +121,19 @@ def plan(summaries: list[tuple[int, dict]], window_chars: int) -> dict[int, tupl
   return out
 
 
-def keyed_by_window(docs, carry: int, first: int, window_chars: int):
-  """(window index, document number in the unit, document), the cut `cpd.windows` makes."""
-  index, size = first, carry
+def unit_windows(docs, carry: int, first: int, window_chars: int):
+  """The unit's documents cut as `cpd.windows` cuts the corpus: (window index, [(document
+  number in the unit, document)], whole), one window in memory at a time. `whole`: the window
+  starts and closes in this unit, so no other unit has a document of it."""
+  index, size, window = first, carry, []
   for n, doc in enumerate(docs):
-    yield index, n, doc
+    window.append((n, doc))
     size += cpd.doc_chars(doc)
     if size >= window_chars:
-      index, size = index + 1, 0
+      yield index, window, index != first or carry == 0
+      index, size, window = index + 1, 0, []
+  if window:
+    yield index, window, False  # open: later units may add to it
 
 
 # ---------------------------------------------------------------- every read counted
@@ -225,38 +239,29 @@ def build(pipeline, job: cpd.Job, start: float | None = None, label: str = ''):
   corpus_stats = (scanned | p('UnitStats') >> beam.Map(lambda s: s[1])
                   | p('CorpusStats') >> beam.CombineGlobally(_CorpusStatsFn()))
 
-  def documents(item, plans):
-    i, unit = item
-    carry, first, read = plans[i]
-    stats = corpus_lib.CorpusStats()
-    docs = checked(_read(job, unit, stats), unit, first, read, stats)
-    for index, n, doc in keyed_by_window(docs, carry, first, w):
-      yield index, (i, n, doc)
-
-  made = (indexed | p('Documents') >> beam.FlatMap(documents, beam.pvalue.AsSingleton(the_plan))
-          | p('GroupWindows') >> beam.GroupByKey()
+  read = (indexed | p('Documents') >> beam.ParDo(_Documents(job), beam.pvalue.AsSingleton(the_plan))
+          .with_outputs('shuffle', 'stats', main='rows'))
+  made = (read.shuffle | p('GroupWindows') >> beam.GroupByKey()
           | p('MakeRows') >> beam.ParDo(_MakeRows(job)).with_outputs('stats', main='rows'))
-  with_rows = (made.rows | p('ShardsWithRows') >> beam.Map(lambda r: r[0])
+  rows = (read.rows, made.rows) | p('AllRows') >> beam.Flatten()
+  window_stats = (read.stats, made.stats) | p('AllWindowStats') >> beam.Flatten()
+  with_rows = (rows | p('ShardsWithRows') >> beam.Map(lambda r: r[0])
                | p('Distinct') >> beam.Distinct() | p('ListShards') >> beam.combiners.ToList())
   empty = pipeline | p('AllShards') >> beam.Create([(s, None) for s in range(job.num_shards)])
-  files = ((made.rows, empty) | p('WithEmptyShards') >> beam.Flatten()
+  files = ((rows, empty) | p('WithEmptyShards') >> beam.Flatten()
            | p('GroupShards') >> beam.GroupByKey()
            | p('WriteShards') >> beam.FlatMap(_write_shard, job,
                                               beam.pvalue.AsSingleton(with_rows))
            | p('Files') >> beam.combiners.ToList())
-  instance_stats = made.stats | p('InstanceStats') >> beam.CombineGlobally(_InstanceStatsFn())
+  instance_stats = window_stats | p('InstanceStats') >> beam.CombineGlobally(_InstanceStatsFn())
   return (pipeline | p('Once') >> beam.Create([None])
           | p('Summary') >> beam.Map(_finish, job, start, beam.pvalue.AsSingleton(instance_stats),
                                      beam.pvalue.AsSingleton(corpus_stats),
                                      beam.pvalue.AsSingleton(files)))
 
 
-@beam.typehints.with_output_types(tuple[int, tuple[int, str]])
-class _MakeRows(beam.DoFn):
-  """A window's documents -> its rows in a part file, (shard, (window, part)), and statistics.
-
-  The rows go to storage here, on the worker that made them, and only the part's name travels
-  on: no worker, and no shuffle, ever holds more than one window's rows."""
+class _WindowsDoFn(beam.DoFn):
+  """A DoFn that turns windows into rows with the job's tokenizer (`make_rows`)."""
 
   def __init__(self, job: cpd.Job):
     super().__init__()
@@ -267,9 +272,11 @@ class _MakeRows(beam.DoFn):
     self.tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case,
                                     job.tokenizer)
 
-  def process(self, element):
-    index, docs = element
-    window = [doc for _, _, doc in sorted(docs, key=lambda d: (d[0], d[1]))]
+  def make_rows(self, index: int, window: list):
+    """Window `index` -> its rows in a part file, (shard, (window, part)), and its statistics.
+
+    The rows go to storage here, on the worker that made them, and only the part's name
+    travels on: no worker, and no shuffle, ever holds more than one window's rows."""
     features, block = cpd.window_features(self.job, self.tokenizer, window, index)
     rows = len(features['input_ids'])
     if rows:  # deterministic name and bytes: a retried bundle rewrites the same part
@@ -282,6 +289,32 @@ class _MakeRows(beam.DoFn):
     stats.add_block(block)
     yield beam.pvalue.TaggedOutput('stats', (
         dataclasses.asdict(stats), rows, int((features['input_mask'] == 0).sum())))
+
+
+class _Documents(_WindowsDoFn):
+  """A unit's second read (`checked` against its scan): the windows wholly inside the unit
+  made into rows right here, the documents of the others (the one it continues, the one left
+  open at its end: two at most) keyed by window for GroupWindows. Only those cross a shuffle."""
+
+  def process(self, item, plans):
+    i, unit = item
+    carry, first, read = plans[i]
+    stats = corpus_lib.CorpusStats()
+    docs = checked(_read(self.job, unit, stats), unit, first, read, stats)
+    for index, window, whole in unit_windows(docs, carry, first, self.job.window_chars):
+      if whole:
+        yield from self.make_rows(index, [doc for _, doc in window])
+      else:
+        for n, doc in window:
+          yield beam.pvalue.TaggedOutput('shuffle', (index, (i, n, doc)))
+
+
+class _MakeRows(_WindowsDoFn):
+  """A window gathered from several units: its documents in corpus order, made into rows."""
+
+  def process(self, element):
+    index, docs = element
+    yield from self.make_rows(index, [doc for _, _, doc in sorted(docs, key=lambda d: d[:2])])
 
 
 def published(shard: int, with_rows: list[int], num_workers: int) -> bool:
