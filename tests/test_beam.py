@@ -124,7 +124,7 @@ def runs(tmp_path_factory):
                               {'window_chars': 4_000, 'num_workers': 3}),
         'tfds_sop': (None, 'sop', False, 2,
                      {'tfds_name': _tfds_dataset(f'{root}/tfds', docs[360:420]),
-                      'tfds_data_dir': f'{root}/tfds'}),
+                      'tfds_data_dir': f'{root}/tfds', 'num_workers': 1}),
         'jsonl_sop_packed': (f'{root}/jsonl/*.jsonl', 'sop', True, 2,
                              {'input_format': 'jsonl'}),
         'parquet_full': (f'{root}/parquet/*', 'none', False, 2,

@@ -145,19 +145,19 @@ class UnitReading:
   windows planned from the scan would not be the windows the second read cuts."""
 
   def __init__(self):
-    self.sizes: list[int] = []
+    self._pending: list[int] = []  # sizes not yet in the digest
     self._digest = hashlib.sha256()
 
   def add(self, doc) -> int:
     size = cpd.doc_chars(doc)
-    self.sizes.append(size)
-    if len(self.sizes) >= 4096:
+    self._pending.append(size)
+    if len(self._pending) >= 4096:
       self._flush()
     return size
 
   def _flush(self):
-    self._digest.update(np.asarray(self.sizes, '<i8').tobytes())
-    self.sizes = []
+    self._digest.update(np.asarray(self._pending, '<i8').tobytes())
+    self._pending = []
 
   def result(self, stats: corpus_lib.CorpusStats, chars: int) -> dict:
     """(`stats.documents` counts the documents read.)"""
@@ -239,7 +239,8 @@ def build(pipeline, job: cpd.Job, start: float | None = None, label: str = ''):
   corpus_stats = (scanned | p('UnitStats') >> beam.Map(lambda s: s[1])
                   | p('CorpusStats') >> beam.CombineGlobally(_CorpusStatsFn()))
 
-  read = (indexed | p('Documents') >> beam.ParDo(_Documents(job), beam.pvalue.AsSingleton(the_plan))
+  read = (indexed
+          | p('Documents') >> beam.ParDo(_Documents(job), beam.pvalue.AsSingleton(the_plan))
           .with_outputs('shuffle', 'stats', main='rows'))
   made = (read.shuffle | p('GroupWindows') >> beam.GroupByKey()
           | p('MakeRows') >> beam.ParDo(_MakeRows(job)).with_outputs('stats', main='rows'))
@@ -320,6 +321,7 @@ class _MakeRows(_WindowsDoFn):
 def published(shard: int, with_rows: list[int], num_workers: int) -> bool:
   """Whether the local tool writes `shard`: its worker (`shard % num_workers`, cpd._run_worker)
   publishes all of its shards, empty ones too, once any of them has a row, and none otherwise."""
+  num_workers = max(num_workers, 1)
   return any(s % num_workers == shard % num_workers for s in with_rows)
 
 
@@ -531,8 +533,8 @@ def run_many(jobs: list[cpd.Job], beam_args: list[str]) -> list[dict]:
       raise ValueError(text[text.index('--output_file='):].split('\n')[0].rstrip('\'"] ')
                        ) from None
     if 'read differently the second time' in text:  # UnitChangedError, from a worker
-      raise UnitChangedError(text[text.index('corpus unit '):].split('\n')[0].rstrip('\'"] ')
-                             ) from None
+      line = text[text.index('corpus unit '):].split('\n')[0].split(' [while running')[0]
+      raise UnitChangedError(line.rstrip('\'"] ')) from None
     raise
   return [json.loads(fs.read_text(job.output_file + '.stats.json')) for job in jobs]
 
