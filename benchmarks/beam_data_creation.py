@@ -2,6 +2,7 @@ r"""The data tool on Beam's DirectRunner against the local tool: speed, memory, 
 
   .venv/bin/python -m pip install -r requirements-beam.txt   # once
   python benchmarks/beam_data_creation.py [--mb 60] [--rounds 2] [--corpus 'DIR/*.txt']
+  python benchmarks/beam_data_creation.py --memory 5,20 --files 4 --window_chars 100000
 
 One corpus of at least 50 MB (default: the embedded standard-library corpus written over and
 over into 16 files, or `--corpus`), both contenders as the user's command on it, interleaved
@@ -18,6 +19,12 @@ process), whether every shard and the stats JSON (timings aside)
 are byte-identical, and a projection of the wall time for 100B tokens on N worker cores from
 the Beam per-core figure: a projection (linear scaling, the local disk here; a fleet adds the
 shuffle over the network and object-store I/O, and saves the start-up).
+
+`--memory 5,20`: Beam alone at each corpus size (4x apart), the same files, window and shards:
+peak RSS of the runner process, of the largest SDK worker and of all together. The pipeline
+holds one window per worker and sends at most two windows' documents per unit through the
+runner, so with units larger than `--window_chars` (real corpus files are) the figures should
+stay flat while the corpus grows.
 """
 
 from __future__ import annotations
@@ -117,7 +124,8 @@ def run_tool(args: list[str], output_file: str) -> dict:
     stats = json.load(f)
   workers = [m for p, (m, cmd) in peaks.items() if p != proc.pid and 'python' in cmd]
   return {'seconds': seconds, 'stats': stats, 'driver_mib': peaks.get(proc.pid, (0.0,))[0],
-          'worker_mib': max(workers, default=0.0), 'workers': len(workers)}
+          'worker_mib': max(workers, default=0.0), 'workers': len(workers),
+          'total_mib': peaks.get(proc.pid, (0.0,))[0] + sum(workers)}
 
 
 def digest(paths: list[str]) -> list[str]:
@@ -131,6 +139,36 @@ def digest(paths: list[str]) -> list[str]:
   return out
 
 
+def memory_against_size(sizes_mb: list[float], args) -> None:
+  """Beam on DirectRunner alone at each corpus size (same files, window, shards): peak RSS of
+  the runner (the launching process) and of each SDK worker; bounded memory means the figures
+  stay flat as the corpus grows."""
+  rows = []
+  for mb in sizes_mb:
+    work = tempfile.mkdtemp(prefix='beam_mem_')
+    try:
+      pattern = make_corpus(os.path.join(work, 'corpus'), mb, args.files)
+      out = os.path.join(work, 'out', 'train')
+      res = run_tool([f'--input_file={pattern}', f'--output_file={out}', f'--vocab_file={VOCAB}',
+                      f'--max_seq_length={args.seq}', '--max_predictions_per_seq=20',
+                      '--dupe_factor=1', f'--num_shards={args.shards}',
+                      f'--num_workers={args.workers}', f'--window_chars={args.window_chars}',
+                      '--runner=DirectRunner', '--direct_running_mode=multi_processing'], out)
+      corpus_mb = sum(os.path.getsize(p) for p in glob.glob(pattern)) / 1e6
+      shard_mb = max(os.path.getsize(f) for f in res['stats']['files']) / 1e6
+      rows.append({'corpus_mb': round(corpus_mb, 1), 'tokens': res['stats']['tokens'],
+                   'largest_shard_mb': round(shard_mb, 1), 'seconds': round(res['seconds'], 1),
+                   'runner_peak_mib': round(res['driver_mib']),
+                   'worker_peak_mib': round(res['worker_mib']),
+                   'runner_plus_workers_peak_mib': round(res['total_mib'])})
+      print(json.dumps(rows[-1]), flush=True)
+    finally:
+      shutil.rmtree(work, ignore_errors=True)
+  print(json.dumps({'machine': harness.machine(), 'files': args.files,
+                    'window_chars': args.window_chars, 'shards': args.shards,
+                    'workers': args.workers, 'runs': rows}, indent=2))
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--mb', type=float, default=60)
@@ -139,15 +177,22 @@ def main():
   parser.add_argument('--shards', type=int, default=8)
   parser.add_argument('--workers', type=int, default=2)
   parser.add_argument('--seq', type=int, default=128)
+  parser.add_argument('--files', type=int, default=16)
+  parser.add_argument('--window_chars', type=int, default=1_000_000)
+  parser.add_argument('--memory', default=None, help='comma-separated corpus sizes in MB: '
+                      'only Beam, one run each, peak RSS against corpus size')
   args = parser.parse_args()
+  if args.memory:
+    memory_against_size([float(mb) for mb in args.memory.split(',')], args)
+    return
   work = tempfile.mkdtemp(prefix='beam_bench_')
   try:
-    pattern = args.corpus or make_corpus(os.path.join(work, 'corpus'), args.mb)
+    pattern = args.corpus or make_corpus(os.path.join(work, 'corpus'), args.mb, args.files)
     corpus_mb = sum(os.path.getsize(p) for p in glob.glob(pattern)) / 1e6
     cores = os.cpu_count()
     common = [f'--input_file={pattern}', f'--vocab_file={VOCAB}', f'--max_seq_length={args.seq}',
               '--max_predictions_per_seq=20', '--dupe_factor=1', f'--num_shards={args.shards}',
-              f'--num_workers={args.workers}']
+              f'--num_workers={args.workers}', f'--window_chars={args.window_chars}']
     contenders = {
         'local': [],
         'beam': ['--runner=DirectRunner', '--direct_running_mode=multi_processing'],

@@ -19,18 +19,27 @@ into windows by one rule (`windows` / `doc_chars`), make a window's rows with on
   1. scan: every unit (a file, or a TFDS shard; corpus.source_units) is read on some worker
      and summarised by the sizes of its documents in a few numbers (`unit_summary`: where the
      window rule cuts it, for any carry-in; O(documents of one window)), plus its corpus
-     statistics (failed documents included);
+     statistics (failed documents included) and what the read saw (`UnitReading`);
   2. plan: one small sequential step chains the summaries in corpus order: each unit's
      carry-in and index of its first window;
-  3. every unit is read again and each document keyed by its window; a window's documents are
-     grouped and turned into serialized rows (`window_features`, TFRecord framing);
-  4. rows are grouped by shard, sorted by window and written atomically (fs.py: gs:// too);
-     instance and corpus statistics are merged with Beam combiners into `<output>.stats.json`.
+  3. every unit is read again, counted the same way and checked against its scan (`checked`:
+     a unit that reads differently, a file changed mid-job or a read that failed once, fails
+     the job naming it, never shifting later windows); each window wholly inside the unit is
+     made into rows right there (`window_features`, TFRecord framing) and written to a part
+     file, one per window; the documents of the at most two windows a unit shares with its
+     neighbours are grouped by window and made into rows the same way;
+  4. a shard is its windows' parts concatenated in window order, streamed (8 MiB at a time)
+     into one atomic write (fs.py: gs:// too); shards are published, empty ones included, as
+     the local tool publishes them (`published`); instance and corpus statistics are merged
+     with Beam combiners into `<output>.stats.json`.
 
-Memory per worker is one unit's scan, one window, and one shard's bytes when it is written
-(shard size = corpus / --num_shards), never the corpus. The plan holds O(documents in the
-first window of each unit) numbers per unit. (DirectRunner's own runner process, unlike a
-fleet's shuffle, keeps each stage's output in memory: the corpus and shards pass through it.)
+Memory per worker is one unit's scan and one window; what crosses a shuffle is a few numbers
+per unit, the documents of at most two windows per unit, and a part's name per window: never
+the corpus or a shard's rows, on a fleet or on the DirectRunner (whose runner process keeps
+each stage's output in memory). The plan holds O(documents in the first window of each unit)
+numbers per unit. A remote runner's workers see only URLs: local paths and `--train_tokenizer`
+(which would read the whole corpus on the launching machine) are refused before submission
+(`check_paths_for_runner`).
 
 A document that cannot be read is dropped and counted (`--bad_documents=skip`, the command's
 default), never a crashed job or a silent loss.
@@ -39,6 +48,7 @@ default), never a crashed job or a silent loss.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -111,14 +121,84 @@ def plan(summaries: list[tuple[int, dict]], window_chars: int) -> dict[int, tupl
   return out
 
 
-def keyed_by_window(docs, carry: int, first: int, window_chars: int):
-  """(window index, document number in the unit, document), the cut `cpd.windows` makes."""
-  index, size = first, carry
+def unit_windows(docs, carry: int, first: int, window_chars: int):
+  """The unit's documents cut as `cpd.windows` cuts the corpus: (window index, [(document
+  number in the unit, document)], whole), one window in memory at a time. `whole`: the window
+  starts and closes in this unit, so no other unit has a document of it."""
+  index, size, window = first, carry, []
   for n, doc in enumerate(docs):
-    yield index, n, doc
+    window.append((n, doc))
     size += cpd.doc_chars(doc)
     if size >= window_chars:
-      index, size = index + 1, 0
+      yield index, window, index != first or carry == 0
+      index, size, window = index + 1, 0, []
+  if window:
+    yield index, window, False  # open: later units may add to it
+
+
+# ---------------------------------------------------------------- every read counted
+
+
+class UnitReading:
+  """What one read of a unit saw: its documents' sizes (count, total, a digest of the sequence)
+  and its CorpusStats counts. The scan pass and the second read must see the same, or the
+  windows planned from the scan would not be the windows the second read cuts."""
+
+  def __init__(self):
+    self._pending: list[int] = []  # sizes not yet in the digest
+    self._digest = hashlib.sha256()
+
+  def add(self, doc) -> int:
+    size = cpd.doc_chars(doc)
+    self._pending.append(size)
+    if len(self._pending) >= 4096:
+      self._flush()
+    return size
+
+  def _flush(self):
+    self._digest.update(np.asarray(self._pending, '<i8').tobytes())
+    self._pending = []
+
+  def result(self, stats: corpus_lib.CorpusStats, chars: int) -> dict:
+    """(`stats.documents` counts the documents read.)"""
+    self._flush()
+    counts = {k: v for k, v in dataclasses.asdict(stats).items() if k != 'failures'}
+    return {'chars': chars, **counts, 'sizes_sha256': self._digest.hexdigest()[:16]}
+
+
+def scan_unit(docs, window_chars: int, stats: corpus_lib.CorpusStats) -> dict:
+  """The scan pass over one unit: its window summary, plus what the read saw (`read`)."""
+  reading, sizes = UnitReading(), []
+  for doc in docs:
+    sizes.append(reading.add(doc))
+  summary = unit_summary(np.asarray(sizes, np.int64), window_chars)
+  summary['read'] = reading.result(stats, int(sum(sizes)))
+  return summary
+
+
+def checked(docs, unit: str, first: int, expected: dict, stats: corpus_lib.CorpusStats):
+  """`docs` (the second read of `unit`), failing at its end if it differs from the scan's read.
+
+  Raising fails the bundle: its output is dropped, a runner that retries (Dataflow: 4 times)
+  reads the unit again, and a unit that still differs fails the job, naming the unit."""
+  reading, chars = UnitReading(), 0
+  for doc in docs:
+    chars += reading.add(doc)
+    yield doc
+  got = reading.result(stats, chars)
+  if got != expected:
+    diff = ', '.join(f'{k} {expected.get(k)} then {got.get(k)}' for k in got
+                     if got[k] != expected.get(k))
+    raise UnitChangedError(
+        f'corpus unit {unit} (its documents start window {first}) read differently the second '
+        f'time: {diff}. The file changed while the job ran, or a read failed that the first '
+        'did not; every later window would shift, so the job stops rather than write shards '
+        'that differ from the local tool\'s. Leave the inputs unchanged until the job ends '
+        '(copy a growing corpus to a fixed snapshot first) and run it again.')
+
+
+class UnitChangedError(ValueError):
+  pass
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -126,6 +206,11 @@ def keyed_by_window(docs, carry: int, first: int, window_chars: int):
 
 def _read(job: cpd.Job, unit: str, stats: corpus_lib.CorpusStats):
   return corpus_lib.read_unit(unit, job.read_options(), stats)
+
+
+def parts_dir(job: cpd.Job) -> str:
+  """Where windows' rows wait, one file per window, until their shard is written."""
+  return job.output_file + '.parts'
 
 
 def build(pipeline, job: cpd.Job, start: float | None = None, label: str = ''):
@@ -139,43 +224,45 @@ def build(pipeline, job: cpd.Job, start: float | None = None, label: str = ''):
   def scan(item):
     i, unit = item
     stats = corpus_lib.CorpusStats()
-    sizes = np.fromiter((cpd.doc_chars(d) for d in _read(job, unit, stats)), np.int64)
-    yield (i, unit_summary(sizes, w)), dataclasses.asdict(stats)
+    yield (i, scan_unit(_read(job, unit, stats), w, stats)), dataclasses.asdict(stats)
+
+  def plan_with_reads(summaries):
+    plans = plan(summaries, w)
+    return {i: (*plans[i], summary['read']) for i, summary in summaries}
 
   indexed = (pipeline | p('Units') >> beam.Create(list(enumerate(units)))
              | p('SpreadUnits') >> beam.Reshuffle())
   scanned = indexed | p('Scan') >> beam.FlatMap(scan)
   the_plan = (scanned | p('Summaries') >> beam.Map(lambda s: s[0])
               | p('CollectSummaries') >> beam.combiners.ToList()
-              | p('Plan') >> beam.Map(plan, w))
+              | p('Plan') >> beam.Map(plan_with_reads))
   corpus_stats = (scanned | p('UnitStats') >> beam.Map(lambda s: s[1])
                   | p('CorpusStats') >> beam.CombineGlobally(_CorpusStatsFn()))
 
-  def documents(item, plans):
-    i, unit = item
-    carry, first = plans[i]
-    for index, n, doc in keyed_by_window(_read(job, unit, corpus_lib.CorpusStats()), carry,
-                                         first, w):
-      yield index, (i, n, doc)
-
-  made = (indexed | p('Documents') >> beam.FlatMap(documents, beam.pvalue.AsSingleton(the_plan))
-          | p('GroupWindows') >> beam.GroupByKey()
+  read = (indexed
+          | p('Documents') >> beam.ParDo(_Documents(job), beam.pvalue.AsSingleton(the_plan))
+          .with_outputs('shuffle', 'stats', main='rows'))
+  made = (read.shuffle | p('GroupWindows') >> beam.GroupByKey()
           | p('MakeRows') >> beam.ParDo(_MakeRows(job)).with_outputs('stats', main='rows'))
+  rows = (read.rows, made.rows) | p('AllRows') >> beam.Flatten()
+  window_stats = (read.stats, made.stats) | p('AllWindowStats') >> beam.Flatten()
+  with_rows = (rows | p('ShardsWithRows') >> beam.Map(lambda r: r[0])
+               | p('Distinct') >> beam.Distinct() | p('ListShards') >> beam.combiners.ToList())
   empty = pipeline | p('AllShards') >> beam.Create([(s, None) for s in range(job.num_shards)])
-  files = ((made.rows, empty) | p('WithEmptyShards') >> beam.Flatten()
+  files = ((rows, empty) | p('WithEmptyShards') >> beam.Flatten()
            | p('GroupShards') >> beam.GroupByKey()
-           | p('WriteShards') >> beam.Map(_write_shard, job.shard_paths())
+           | p('WriteShards') >> beam.FlatMap(_write_shard, job,
+                                              beam.pvalue.AsSingleton(with_rows))
            | p('Files') >> beam.combiners.ToList())
-  instance_stats = made.stats | p('InstanceStats') >> beam.CombineGlobally(_InstanceStatsFn())
+  instance_stats = window_stats | p('InstanceStats') >> beam.CombineGlobally(_InstanceStatsFn())
   return (pipeline | p('Once') >> beam.Create([None])
           | p('Summary') >> beam.Map(_finish, job, start, beam.pvalue.AsSingleton(instance_stats),
                                      beam.pvalue.AsSingleton(corpus_stats),
                                      beam.pvalue.AsSingleton(files)))
 
 
-@beam.typehints.with_output_types(tuple[int, tuple[int, bytes]])
-class _MakeRows(beam.DoFn):
-  """A window's documents -> (shard, (window, framed records)), and its statistics."""
+class _WindowsDoFn(beam.DoFn):
+  """A DoFn that turns windows into rows with the job's tokenizer (`make_rows`)."""
 
   def __init__(self, job: cpd.Job):
     super().__init__()
@@ -186,27 +273,70 @@ class _MakeRows(beam.DoFn):
     self.tokenizer = load_tokenizer(job.vocab_file, job.spm_model, job.do_lower_case,
                                     job.tokenizer)
 
-  def process(self, element):
-    index, docs = element
-    window = [doc for _, _, doc in sorted(docs, key=lambda d: (d[0], d[1]))]
+  def make_rows(self, index: int, window: list):
+    """Window `index` -> its rows in a part file, (shard, (window, part)), and its statistics.
+
+    The rows go to storage here, on the worker that made them, and only the part's name
+    travels on: no worker, and no shuffle, ever holds more than one window's rows."""
     features, block = cpd.window_features(self.job, self.tokenizer, window, index)
-    records = b''.join(tfrecord.frame(r) for chunk in cpd.encoded_chunks(features)
-                       for r in chunk)
+    rows = len(features['input_ids'])
+    if rows:  # deterministic name and bytes: a retried bundle rewrites the same part
+      part = fs.join(parts_dir(self.job), f'window-{index:012d}')
+      with fs.writer(part, 'wb') as f:
+        for chunk in cpd.encoded_chunks(features):
+          f.write(b''.join(tfrecord.frame(r) for r in chunk))
+      yield index % self.job.num_shards, (index, part)
     stats = InstanceStats()
     stats.add_block(block)
-    yield index % self.job.num_shards, (index, records)
     yield beam.pvalue.TaggedOutput('stats', (
-        dataclasses.asdict(stats), len(features['input_ids']),
-        int((features['input_mask'] == 0).sum())))
+        dataclasses.asdict(stats), rows, int((features['input_mask'] == 0).sum())))
 
 
-def _write_shard(element, paths: list[str]) -> str:
+class _Documents(_WindowsDoFn):
+  """A unit's second read (`checked` against its scan): the windows wholly inside the unit
+  made into rows right here, the documents of the others (the one it continues, the one left
+  open at its end: two at most) keyed by window for GroupWindows. Only those cross a shuffle."""
+
+  def process(self, item, plans):
+    i, unit = item
+    carry, first, read = plans[i]
+    stats = corpus_lib.CorpusStats()
+    docs = checked(_read(self.job, unit, stats), unit, first, read, stats)
+    for index, window, whole in unit_windows(docs, carry, first, self.job.window_chars):
+      if whole:
+        yield from self.make_rows(index, [doc for _, doc in window])
+      else:
+        for n, doc in window:
+          yield beam.pvalue.TaggedOutput('shuffle', (index, (i, n, doc)))
+
+
+class _MakeRows(_WindowsDoFn):
+  """A window gathered from several units: its documents in corpus order, made into rows."""
+
+  def process(self, element):
+    index, docs = element
+    yield from self.make_rows(index, [doc for _, _, doc in sorted(docs, key=lambda d: d[:2])])
+
+
+def published(shard: int, with_rows: list[int], num_workers: int) -> bool:
+  """Whether the local tool writes `shard`: its worker (`shard % num_workers`, cpd._run_worker)
+  publishes all of its shards, empty ones too, once any of them has a row, and none otherwise."""
+  num_workers = max(num_workers, 1)
+  return any(s % num_workers == shard % num_workers for s in with_rows)
+
+
+def _write_shard(element, job: cpd.Job, with_rows: list[int]):
+  """A shard's window parts, concatenated in window order (streamed: 8 MiB at a time)."""
   shard, parts = element
-  parts = sorted((p for p in parts if p is not None), key=lambda p: p[0])
-  with fs.writer(paths[shard], 'wb') as f:  # atomic: published whole or not at all
-    for _, records in parts:
-      f.write(records)
-  return paths[shard]
+  if not published(shard, with_rows, job.num_workers):
+    return
+  parts = sorted(p for p in parts if p is not None)
+  path = job.shard_paths()[shard]
+  with fs.writer(path, 'wb') as out:  # atomic: published whole or not at all
+    for _, part in parts:
+      with fs.open_read(part, 'rb') as f:
+        shutil.copyfileobj(f, out, 8 << 20)
+  yield path
 
 
 class _InstanceStatsFn(beam.CombineFn):
@@ -251,11 +381,7 @@ class _CorpusStatsFn(beam.CombineFn):
 def _finish(_, job: cpd.Job, start: float, instance_stats, corpus_stats: dict, files):
   stats, rows, padding = instance_stats
   stats = InstanceStats(**stats)
-  files = files if stats.instances else []
-  if not stats.instances:  # the local tool publishes no empty shards either
-    for f in job.shard_paths():
-      if fs.exists(f):
-        fs.remove(f)
+  fs.rmtree(parts_dir(job))  # every shard is written: the window parts have served
   summary = cpd.write_summary(job, stats, corpus_stats, rows, padding, files,
                               time.time() - start)
   return summary
@@ -300,14 +426,70 @@ def worker_setup_file(job: cpd.Job, directory: str) -> str:
   return path
 
 
+# Runners whose workers are processes of this machine (unless told to start containers).
+LOCAL_RUNNERS = ('directrunner', 'direct', 'switchingdirectrunner', 'bundlebaseddirectrunner',
+                 'prismrunner', 'prism')
+
+
+def _runner_flags(beam_args: list[str]) -> tuple[str, dict[str, str], set[str]]:
+  """(runner name, --name=value flags, flag names given) of Beam's arguments."""
+  given = {a.split('=')[0] for a in beam_args}
+  values = dict(a[2:].split('=', 1) for a in beam_args if a.startswith('--') and '=' in a)
+  return values.get('runner', 'DirectRunner'), values, given
+
+
+def workers_are_local(beam_args: list[str]) -> bool:
+  """Whether the runner's workers read this machine's files: DirectRunner/PrismRunner's
+  processes, or any runner's SDK workers in this process (`--environment_type=LOOPBACK`)."""
+  runner, values, _ = _runner_flags(beam_args)
+  environment = values.get('environment_type', '').upper()
+  return environment == 'LOOPBACK' or (
+      runner.rsplit('.', 1)[-1].lower() in LOCAL_RUNNERS and environment not in ('DOCKER',
+                                                                                 'EXTERNAL'))
+
+
+def check_paths_for_runner(job: cpd.Job, beam_args: list[str]) -> None:
+  """Refuse, before submission, what only fails on a remote runner's workers: paths of this
+  machine (they read and write elsewhere) and `--train_tokenizer` (it would read the whole
+  corpus here, on the launching machine, before the fleet starts)."""
+  if workers_are_local(beam_args):
+    return
+  runner = _runner_flags(beam_args)[0]
+  if job.train_tokenizer:
+    raise ValueError(
+        f'--train_tokenizer with --runner={runner}: it learns the vocabulary on this machine, '
+        'reading the whole corpus here before the workers start. Learn it first from a sample '
+        'with the local tool (the same command without --runner, with --input_file naming a '
+        'few of the files and --output_file=gs://BUCKET/tok/sample), then pass '
+        '--vocab_file=gs://BUCKET/tok/sample.vocab/vocab.txt (wordpiece) or '
+        '--spm_model=gs://BUCKET/tok/sample.spm.model (sentencepiece)')
+  paths = [('--input_file', p.strip()) for p in (job.input_file or '').split(',') if p.strip()]
+  paths += [(flag, value) for flag, value in (
+      ('--vocab_file', job.vocab_file), ('--spm_model', job.spm_model),
+      ('--tokenizer', job.tokenizer), ('--output_file', job.output_file),
+      ('--tfds_data_dir', job.tfds_data_dir)) if value]
+  if job.tfds_name and not job.tfds_data_dir:
+    raise ValueError(
+        f'--tfds_name={job.tfds_name} with --runner={runner}: its workers would look for the '
+        'dataset in their own ~/tensorflow_datasets. Prepare it once, copy the data directory '
+        'to a bucket (gcloud storage cp -r ~/tensorflow_datasets gs://BUCKET/tfds) and pass '
+        '--tfds_data_dir=gs://BUCKET/tfds')
+  for flag, path in paths:
+    if not fs.is_url(path) or path.startswith('file://'):
+      raise ValueError(
+          f'{flag}={path} is a path on this machine, but --runner={runner} runs its workers '
+          'elsewhere, where it does not exist: copy it to a bucket the workers can read '
+          f'(gcloud storage cp -r {path} gs://BUCKET/...) and pass the gs:// URL'
+          + (' (the output too: a worker\'s disk is not kept)' if flag == '--output_file'
+             else ''))
+
+
 def pipeline_options(job: cpd.Job, beam_args: list[str], staging: str | None = None):
   """Beam's options from the runner flags. DirectRunner gets --num_workers processes; a remote
   runner gets --num_workers (Dataflow's initial workers) and, unless the flags ship the code
   another way, a setup file that installs this package on every worker (`staging`: its dir)."""
   args = list(beam_args)
-  given = {a.split('=')[0] for a in args}
-  values = dict(a[2:].split('=', 1) for a in args if a.startswith('--') and '=' in a)
-  runner = values.get('runner', 'DirectRunner')
+  runner, values, given = _runner_flags(args)
   if runner in ('DirectRunner', 'direct'):
     if '--direct_num_workers' not in given:
       args.append(f'--direct_num_workers={job.num_workers}')
@@ -330,20 +512,29 @@ def run(job: cpd.Job, beam_args: list[str]) -> dict:
 
 def run_many(jobs: list[cpd.Job], beam_args: list[str]) -> list[dict]:
   """Several jobs in one pipeline (one start-up of the runner); their stats, in order."""
+  for job in jobs:
+    check_paths_for_runner(job, beam_args)  # before anything is read, learnt or submitted
   jobs = [cpd.prepare(job) for job in jobs]  # checks, and a tokenizer learnt on this machine
   for job in jobs:
     if fs.exists(job.output_file + '.stats.json'):
       fs.remove(job.output_file + '.stats.json')  # so a stale one is never read back
+    fs.rmtree(parts_dir(job))  # a failed run's window parts
+    fs.makedirs(parts_dir(job))
   start = time.time()
   try:
     with beam.Pipeline(options=pipeline_options(jobs[0], beam_args)) as pipeline:
       for n, job in enumerate(jobs):
         build(pipeline, job, start, label=f'job{n}/' if len(jobs) > 1 else '')
   except Exception as e:  # a job's "wrote nothing" arrives wrapped by the runner
+    for job in jobs:
+      fs.rmtree(parts_dir(job))
     text = str(e)
     if 'wrote nothing' in text:
       raise ValueError(text[text.index('--output_file='):].split('\n')[0].rstrip('\'"] ')
                        ) from None
+    if 'read differently the second time' in text:  # UnitChangedError, from a worker
+      line = text[text.index('corpus unit '):].split('\n')[0].split(' [while running')[0]
+      raise UnitChangedError(line.rstrip('\'"] ')) from None
     raise
   return [json.loads(fs.read_text(job.output_file + '.stats.json')) for job in jobs]
 
