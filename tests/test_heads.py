@@ -110,22 +110,23 @@ def test_unrolled_layers_match_scanned(name):
 
 def test_params_have_hf_layout_init_and_no_pooler_where_hf_has_none():
   cfg = CONFIGS['tiny']
-  kernels = []
-  for name, head in HEADS.items():
-    params = head_init(cfg, head, jax.random.key(0))
+  for name, head in HEADS.items():  # the layout of every head: shapes, not values (no compile)
+    params = jax.eval_shape(lambda head=head: heads.init_params(cfg, head, jax.random.key(0)))
     groups = {'embeddings', 'encoder', heads.HEAD_PARAM[head.task]}
     assert set(params) == groups | ({'pooler'} if head.has_pooler else set()), name
-    kernel = params[heads.HEAD_PARAM[head.task]]['kernel']
-    assert kernel.shape == (cfg.hidden_size, head.num_labels)
-    np.testing.assert_array_equal(params[heads.HEAD_PARAM[head.task]]['bias'], 0)
-    kernels.append(np.ravel(kernel))
-  # HF's N(0, 0.02), not the encoder's truncated normal (std 0.0176, nothing beyond 0.04).
-  kernels = np.concatenate(kernels)
-  assert 0.0185 < np.std(kernels) < 0.0215 and np.max(np.abs(kernels)) > 0.045
+    assert params[heads.HEAD_PARAM[head.task]]['kernel'].shape == (cfg.hidden_size,
+                                                                   head.num_labels)
+  # The values, from one wide head (every task head is made by heads._head_dense): zero bias
+  # and HF's N(0, 0.02), not the encoder's truncated normal (std 0.0176, nothing beyond 0.04).
+  wide = heads.Head(heads.TOKEN, 32)
+  params = head_init(cfg, wide, jax.random.key(0))
+  np.testing.assert_array_equal(params['classifier']['bias'], 0)
+  kernel = np.ravel(params['classifier']['kernel'])
+  assert 0.0185 < np.std(kernel) < 0.0215 and np.max(np.abs(kernel)) > 0.045
   torch_model = torch_head_model(cfg, HEADS['token'])
   n_hf = sum(p.numel() for p in torch_model.parameters())
   n_ours = sum(x.size for x in jax.tree_util.tree_leaves(
-      head_init(cfg, HEADS['token'], jax.random.key(0))))
+      jax.eval_shape(lambda: heads.init_params(cfg, HEADS['token'], jax.random.key(0)))))
   assert n_ours == n_hf
 
 
