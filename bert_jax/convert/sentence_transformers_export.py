@@ -17,6 +17,10 @@ and embeds with as our fine-tuning run does (bert_jax.finetune.contrastive.pool)
                                    (`{'query': ..., 'document': ...}`), which
                                    `encode(texts, prompt_name='query')`, `encode_query` and
                                    `encode_document` prepend to each text as training did.
+  README.md                        for a Matryoshka model only: its trained dimensions and how
+                                   to load one (`SentenceTransformer(path, truncate_dim=64)`:
+                                   sentence-transformers takes `truncate_dim` when loading and
+                                   keeps no default for it in any config file).
 The module types are named as sentence-transformers 2-5 wrote them
 (`sentence_transformers.models.*`), which 6.x still resolves and `convert/loaders.py`
 recognises: the directory is also a start point (`start_points.load_start_point(path)`).
@@ -91,7 +95,8 @@ def pooling_config(hidden_size: int, pooling: str) -> dict:
 def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
                               pooling: str = 'mean', overwrite: bool = False, *,
                               max_seq_length: int | None = None,
-                              prompts: dict[str, str] | None = None) -> str:
+                              prompts: dict[str, str] | None = None,
+                              matryoshka_dims: tuple[int, ...] = ()) -> str:
   """Write a sentence-transformers directory at `path` (local or URL) atomically; returns it.
 
   `params`: a head model's or pre-training tree (`embeddings`, `encoder`, maybe `pooler`,
@@ -100,6 +105,7 @@ def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
   max_position_embeddings when None (pass the fine-tuning run's max_seq_length).
   `prompts`: {name: text prepended to an input}, sentence-transformers' `prompts` (6.x names
   the query and document ones 'query' and 'document'); none by default.
+  `matryoshka_dims`: the dimensions a Matryoshka loss trained, named in README.md.
   """
   if tokenizer is None:
     raise ValueError('a sentence-transformers directory needs the tokenizer: pass the one the '
@@ -120,6 +126,9 @@ def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
                  'model_type': 'SentenceTransformer', 'similarity_fn_name': 'cosine',
                  'prompts': dict(prompts or {}), 'default_prompt_name': None},
              os.path.join(POOLING_DIR, 'config.json'): pool}
+    if matryoshka_dims:
+      with open(os.path.join(tmp, 'README.md'), 'w') as f:
+        f.write(matryoshka_card(matryoshka_dims))
     os.makedirs(os.path.join(tmp, POOLING_DIR))
     for name, content in files.items():
       with open(os.path.join(tmp, name), 'w') as f:
@@ -128,6 +137,17 @@ def save_sentence_transformer(path: str, cfg: BertConfig, params, tokenizer,
     tokenizer.save_pretrained(tmp)
 
   return _publish(path, write, overwrite)
+
+
+def matryoshka_card(dims: tuple[int, ...]) -> str:
+  """README.md of a Matryoshka export: which truncations were trained, how to load one."""
+  listed = ', '.join(str(d) for d in sorted(dims, reverse=True))
+  return (f'# Matryoshka sentence embeddings\n\nTrained at the leading {listed} dimensions '
+          '(a Matryoshka loss over MultipleNegativesRankingLoss), so a truncated embedding '
+          'keeps its meaning:\n\n```python\nfrom sentence_transformers import '
+          f'SentenceTransformer\nmodel = SentenceTransformer(path, truncate_dim={min(dims)})\n'
+          '```\n\nCompare truncated embeddings by cosine similarity (the model\'s '
+          'similarity function), which re-normalizes them as training did.\n')
 
 
 def _publish(path: str, write, overwrite: bool) -> str:

@@ -16,6 +16,13 @@ mesh (GSPMD), so the [B, B·(R-1)] similarity spans every device's rows and each
 against the candidates of the whole global batch. That is what sentence-transformers gets
 only with `gather_across_devices=True` (an all-gather of the embeddings); here XLA inserts
 the all-gather itself, and the loss is the same on 1 or N devices.
+
+`matryoshka_loss_sums` is sentence-transformers' `MatryoshkaLoss` over that loss (6.2,
+sentence_transformer/losses/matryoshka.py, all dimensions every step): the weighted sum of the
+loss at each leading `dim` of the embeddings, each truncation re-normalized (their `shrink`:
+`F.normalize(x[..., :dim])`, which the cosine here does). Over the cached loss
+(finetune/grad_cache.py) it is the same function of the cached embeddings, as their
+`CachedLossDecorator` applies it.
 """
 
 from __future__ import annotations
@@ -66,3 +73,20 @@ def ranking_loss_sums(embeddings: jax.Array, weights: jax.Array, scale: float = 
   weights = weights.astype(jnp.float32)
   loss = jnp.where(real, weights * (log_z - positive), 0.0)
   return jnp.sum(loss), jnp.sum(weights)
+
+
+def matryoshka_loss_sums(embeddings: jax.Array, weights: jax.Array, scale: float,
+                         dims: tuple[tuple[int, float], ...]) -> tuple[jax.Array, jax.Array]:
+  """(sum over (dim, weight) of weight · `ranking_loss_sums` at the first `dim` features, the
+  sum of row weights); no `dims`: the full embedding's loss alone."""
+  if not dims:
+    return ranking_loss_sums(embeddings, weights, scale)
+  width = embeddings.shape[-1]
+  total = 0.0
+  for dim, dim_weight in dims:
+    if not 0 < dim <= width:
+      raise ValueError(f'data.matryoshka_dims: {dim} is not in 1..{width}, the model\'s '
+                       'embedding width')
+    loss, weight = ranking_loss_sums(embeddings[..., :dim], weights, scale)
+    total = total + dim_weight * loss
+  return total, weight

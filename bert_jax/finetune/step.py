@@ -3,7 +3,9 @@
 The same machinery as pre-training: `objective` hands the model, loss and readout to
 bert_jax/training/run_setup.py, which shards the state by the logical axis names of every
 parameter (`heads.logical_param_specs`), batches over (data, fsdp), donates the state and draws
-dropout keys `fold_in(state.rng, step)`, so a resumed run draws the same masks.
+dropout keys `fold_in(state.rng, step)`, so a resumed run draws the same masks. The kind
+differentiates its loss (`TaskKind.value_and_grad`): one pass over the batch, or the embedding
+kind's chunks with cached gradients (`data.embed_chunk`, finetune/grad_cache.py).
 
 Losses are weighted means over `label_weights`, so the zero-weight rows that pad an epoch's
 last batch (and the positions of a tagged row that carry no label) count for nothing:
@@ -19,7 +21,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from bert_jax.finetune.kinds import MODEL_INPUTS, TaskKind
@@ -34,13 +35,11 @@ def train_step(state: TrainState, batch, *, model, tx: optax.GradientTransformat
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
-  def loss_fn(params):
-    outputs = model.apply({'params': params}, *(batch[k] for k in MODEL_INPUTS),
-                          deterministic=False, rngs={'dropout': key})
-    total, weight = kind.loss_sums(outputs, batch)
-    return total / jnp.maximum(weight, 1.0)
+  def forward(params, inputs, dropout_key):
+    return model.apply({'params': params}, *(inputs[k] for k in MODEL_INPUTS),
+                       deterministic=False, rngs={'dropout': dropout_key})
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss, grads = kind.value_and_grad(forward, state.params, batch, key)
   state, update_metrics = apply_gradients(state, grads, tx, schedule)
   return state, {'loss': loss} | update_metrics
 

@@ -409,6 +409,16 @@ def _pair_fields(d) -> None:
   # and the export's sentence-transformers prompts (E5: 'query: ' and 'passage: ').
   d.query_prompt = ''
   d.document_prompt = ''
+  # Cached loss (GradCache, sentence-transformers' CachedMultipleNegativesRankingLoss): embed
+  # this many rows of the global batch at a time, every query still ranked against the whole
+  # batch; the same loss and gradients for one more forward pass, so the batch is not bounded
+  # by activations (and no gradient accumulation is needed). Divides train.global_batch_size, a
+  # multiple of the data x fsdp devices; 0 = the whole batch in one pass.
+  d.embed_chunk = 0
+  # Matryoshka (sentence-transformers' MatryoshkaLoss): the loss summed over these leading
+  # dimensions, e.g. (768,512,256,128,64), and dev/test scored at each; () = the full one only.
+  d.matryoshka_dims = ()
+  d.matryoshka_weights = ()  # one per dimension; () = 1 each
 
 
 register(TaskSpec('embedding', 'sentence_embedding', _read_pairs, _pair_fields, labels=()))

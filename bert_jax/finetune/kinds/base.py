@@ -6,8 +6,9 @@ A kind owns
 - its batch schema (`BatchSchema`: the arrays a training batch sends to the devices, their
   axes and dtypes; the one place those names exist, as `BatchLayout` is for pre-training),
 - its head (`make_head`) and featurisation (records -> numpy arrays, `featurize`),
-- its loss (`loss_sums`, traced inside the jitted step) and what the predict step returns
-  (`readout`),
+- its loss (`loss_sums`, traced inside the jitted step; `value_and_grad` differentiates it,
+  over the whole batch at once unless the kind knows a cheaper way) and what the predict step
+  returns (`readout`),
 - predictions, scores, the input-blind baseline, the headline metric's name and the files an
   unlabelled split's predictions go to,
 - its export (an HF `AutoModelFor<Task>` directory by default).
@@ -20,6 +21,7 @@ config.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +121,17 @@ class TaskKind:
   def loss_sums(self, outputs, batch) -> tuple[jax.Array, jax.Array]:
     """(weighted loss sum, weight sum) of a batch; padding rows weigh 0."""
     raise NotImplementedError
+
+  def mean_loss(self, outputs, batch) -> jax.Array:
+    """The batch's weighted mean loss (an all-padding batch: 0)."""
+    total, weight = self.loss_sums(outputs, batch)
+    return total / jnp.maximum(weight, 1.0)
+
+  def value_and_grad(self, forward, params, batch, key: jax.Array) -> tuple[jax.Array, Any]:
+    """(mean loss, parameter gradients) of a training batch; `forward(params, inputs, key)`
+    is the model's training pass over `inputs` (the batch, or some of its rows). One pass over
+    the whole batch here; the embedding kind may embed it in chunks (finetune/grad_cache.py)."""
+    return jax.value_and_grad(lambda p: self.mean_loss(forward(p, batch, key), batch))(params)
 
   def readout(self, outputs) -> dict[str, jax.Array]:
     """What the predict step returns of the model's outputs."""
