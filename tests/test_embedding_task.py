@@ -104,14 +104,20 @@ def test_the_embedding_command_trains_scores_against_bm25_and_exports(pair_files
   assert np.max(1 - cosine) <= 1e-5, 1 - cosine
 
 
-def test_a_modernbert_start_point_trains_embeddings_with_cls_pooling(pair_files, tmp_path):
+def test_a_modernbert_start_point_trains_cached_matryoshka_embeddings_with_cls_pooling(
+    pair_files, tmp_path):
+  """Through the run: the cached loss (4 chunks of 8 rows) summed over Matryoshka dimensions
+  (128, 32), and dev scored at both."""
   c = finetune_configs.get_config('embedding')
   c = common.override(c, {
       'init': modern_start(tmp_path / 'modern'), 'data.train_file': pair_files['train'],
       'data.dev_file': pair_files['dev'], 'data.pooling': 'cls', 'data.max_seq_length': 64,
+      'data.embed_chunk': 8, 'data.matryoshka_dims': (128, 32),
       'train.global_batch_size': 32, 'train.num_epochs': 1, 'export': False})
   results = finetune.run(c, str(tmp_path / 'run'))
   assert results['complete'] and results['runs'][0]['history'][0]['train_loss'] > 0
+  dev = results['runs'][0]['history'][0]['scores']['dev']
+  assert 0 < dev['ndcg@10@32d'] <= 1 and 'ndcg@10@128d' not in dev
   task_kind = kinds.get('sentence_embedding').configure(c.data)
   assert task_kind.make_head((), None).pooling == 'cls'
 

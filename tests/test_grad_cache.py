@@ -62,7 +62,7 @@ def tokenizer():
 def model_cfg(tokenizer):
   return BertConfig.from_preset('tiny', vocab_size=tokenizer.vocab_size, num_layers=1,
                                 hidden_size=32, num_heads=2, intermediate_size=64,
-                                hidden_dropout=0.0, attention_dropout=0.0)
+                                hidden_dropout=0.0, attention_dropout=0.0, scan_layers=False)
 
 
 @pytest.fixture(scope='module')
@@ -161,7 +161,7 @@ def test_cached_gradients_replay_each_chunks_dropout():
   def loss(e):
     return jnp.sum(jax.nn.logsumexp(e @ e.T, axis=-1))
 
-  @functools.partial(jax.jit, static_argnums=2)
+  @jax.jit
   def direct(p, key, shift):
     out = jnp.zeros((32, 8), jnp.float32)
     for i in range(chunks):
@@ -177,7 +177,7 @@ def test_cached_gradients_replay_each_chunks_dropout():
       params, sharded)
   want = jax.value_and_grad(direct)(params, key, 0)
   assert_close(jax.device_get(got), jax.device_get(want))
-  other = direct(params, key, 1)
+  other = jax.value_and_grad(direct)(params, key, 1)[0]
   assert abs(float(other) - float(want[0])) > 1e-3 * abs(float(want[0]))
 
 
