@@ -352,7 +352,9 @@ SPLASH_STEPS = {  # BERT-tiny with splash asked for (and the dropout it cannot d
     # splash on TPU (global and local layers)
     'bert': ('configs/bert_tiny.py', '--config.model.attention_impl=splash',
              '--config.model.attention_dropout=0', '--rows_per_chip=2',
-             '--config.model.mlm_loss_chunk=8'),
+             '--config.model.mlm_loss_chunk=8', '--config.model.num_layers=1'),
+    # (BERT at one layer, ModernBERT-tiny's two: one global, one local; a TPU compile costs
+    # ~8 s a layer here)
     'modern': ('configs/modern.py:tiny,phase1',),
 }
 
