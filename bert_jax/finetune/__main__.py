@@ -17,16 +17,11 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import results, run  # pylint: disable=g-import-not-at-top
-  from bert_jax.training import log_filters, run_control  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import run_control  # pylint: disable=g-import-not-at-top
+  config = run_control.finetune_config(argv, FLAGS)
   run_control.start_processes()
-  log_filters.quiet_library_info()
-  config = FLAGS.config
-  if FLAGS.init:
-    config.init = FLAGS.init
   with run_control.user_errors():
     outcome = run.run(config, FLAGS.workdir)
   if jax.process_index() == 0:

@@ -61,16 +61,11 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   from bert_jax.finetune import embed  # pylint: disable=g-import-not-at-top
-  from bert_jax.training import log_filters, run_control  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import run_control  # pylint: disable=g-import-not-at-top
   from input_pipeline import fs  # pylint: disable=g-import-not-at-top
   from input_pipeline.finetune import beir  # pylint: disable=g-import-not-at-top
-  log_filters.quiet_library_info()
-  config = FLAGS.config
-  if FLAGS.init:
-    config.init = FLAGS.init
+  config = run_control.finetune_config(argv, FLAGS)
   with run_control.user_errors():
     split = beir.read_beir(FLAGS.beir_dir, FLAGS.split)
     start = time.perf_counter()

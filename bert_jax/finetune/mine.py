@@ -188,14 +188,9 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  from bert_jax.training import log_filters, run_control  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import run_control  # pylint: disable=g-import-not-at-top
   from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
-  log_filters.quiet_library_info()
-  config = FLAGS.config
-  if FLAGS.init:
-    config.init = FLAGS.init
+  config = run_control.finetune_config(argv, FLAGS)
   options = MiningOptions(FLAGS.num_negatives, FLAGS.range_min, FLAGS.range_max,
                           FLAGS.absolute_margin, FLAGS.relative_margin, FLAGS.max_score,
                           FLAGS.min_score)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from absl import flags, logging
+from absl import app, flags, logging
 
 from bert_jax.training import maintenance
 
@@ -207,3 +207,17 @@ def tolerate_closed_output() -> None:
     setattr(sys, name, wrapped)
     if handler.stream is stream:
       handler.stream = wrapped
+
+
+def finetune_config(argv, flag_values):
+  """The start of the programs that take a fine-tuning config and a start point (python -m
+  bert_jax.finetune, .mine, .beir_eval): no stray arguments, library INFO logs quiet, and
+  `--init` (when given) written into `config.init`. Returns the config."""
+  from bert_jax.training import log_filters  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  log_filters.quiet_library_info()
+  config = flag_values.config
+  if flag_values.init:
+    config.init = flag_values.init
+  return config
