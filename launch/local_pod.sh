@@ -8,7 +8,8 @@
 #       --init=/tmp/pod --workdir=/tmp/mrpc --config.data.glue_dir=glue_data/MRPC
 #
 # Env: DEVICES (per process, default 4), PORT (coordinator, default 12355), PYTHON, MODULE
-# (bert_jax.main or bert_jax.finetune, default bert_jax.main).
+# (bert_jax.main or bert_jax.finetune, default bert_jax.main); your XLA_FLAGS are kept, with
+# the device count appended (the last of a repeated XLA flag wins).
 # Process 0 prints to the console; every process logs to WORKDIR/logs/process_<i>.log (a gs://
 # WORKDIR gets them when the processes end).
 set -euo pipefail
@@ -36,7 +37,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup INT TERM
 for ((i = num - 1; i >= 0; i--)); do
-  env XLA_FLAGS="--xla_force_host_platform_device_count=$devices" JAX_PLATFORMS=cpu \
+  env XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=$devices" JAX_PLATFORMS=cpu \
     JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo \
     "$py" -m "$module" "$@" --coordinator_address="localhost:$port" \
     --num_processes="$num" --process_id="$i" > "$logs/process_$i.log" 2>&1 &

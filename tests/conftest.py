@@ -1,10 +1,13 @@
-"""Test-wide setup: 8 emulated CPU devices (must precede any jax import), a shared compilation
-cache, and the small pre-training data set most end-to-end tests train on."""
+"""Test-wide setup: 8 emulated CPU devices and the fast compile of tests/cpu_env.py (both must
+precede any jax import), a shared compilation cache, and the small pre-training data set most
+end-to-end tests train on."""
 
 import os
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+from cpu_env import xla_flags
+
+os.environ.setdefault('XLA_FLAGS', xla_flags(8))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_NO_ADVISORY_WARNINGS', '1')

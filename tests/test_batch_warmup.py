@@ -22,6 +22,7 @@ from bert_jax.training import batch_schedule
 from bert_jax.training.batch_schedule import BatchSchedule
 from input_pipeline.pretrain import dataset as data_lib
 from test_train import ROOT, config_with, logged_losses, overrides
+from cpu_env import cpu_env
 
 # 8 emulated devices (conftest): every size a multiple of 8. Sizes 8, 8, 16, 16, 24, 24, 32...
 WARMUP = {'train.global_batch_size': 32, 'train.batch_warmup_steps': 6,
@@ -184,9 +185,7 @@ def test_one_and_two_processes_train_on_the_same_global_rows_at_every_step(data,
   with socket.socket() as sock:
     sock.bind(('localhost', 0))
     port = sock.getsockname()[1]
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=2',
-             JAX_CPU_COLLECTIVES_IMPLEMENTATION='gloo')
+  env = cpu_env(2, PYTHONPATH=ROOT, JAX_CPU_COLLECTIVES_IMPLEMENTATION='gloo')
   procs = [subprocess.Popen(
       [sys.executable, str(script), f'localhost:{port}', str(i), str(tmp_path / 'two.npz'),
        json.dumps(values), str(len(SIZES))], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -31,6 +31,7 @@ from bert_jax.training.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
 from input_pipeline.finetune import batching, registry, squad
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
+from cpu_env import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
@@ -510,7 +511,7 @@ def test_progress_writes_whole_lines_when_not_a_terminal(monkeypatch):
 
 
 def run_cli(workdir, *args):
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}', *args]
   return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -559,7 +560,7 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
            '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
            '--config.export=False', '--config.model.hidden_dropout=0.0',
            '--config.model.attention_dropout=0.0']
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  env = cpu_env(4)
   one = subprocess.run([sys.executable, '-m', 'bert_jax.finetune', f'--workdir={tmp_path / "one"}',
                         *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]

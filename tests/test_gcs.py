@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import gcs_server
+from cpu_env import cpu_env
 from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus
 
@@ -35,7 +36,7 @@ def gcs():
 
 
 def run(args, timeout=300):
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   out = subprocess.run([sys.executable, '-m', *args], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=timeout)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -81,7 +82,7 @@ def test_data_train_kill_resume_export_all_on_gs(gcs, tmp_path):
 
   whole, killed = f'{BUCKET}/whole', f'{BUCKET}/killed'
   run(train_args(whole, data))
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   proc = subprocess.Popen([sys.executable, '-m', *train_args(killed, data)], cwd=ROOT, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300

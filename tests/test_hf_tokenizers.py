@@ -30,6 +30,7 @@ from input_pipeline.pretrain.instances import MaskingConfig
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 from input_pipeline.tokenizer_files import find_tokenizer_file, load_tokenizer, open_tokenizer
 from tests import test_finetune
+from cpu_env import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [line.strip() for line in open(os.path.join(ROOT, 'tests', 'data',
@@ -334,7 +335,7 @@ def test_a_modernbert_directory_with_a_tokenizer_json_fine_tunes_and_exports(tmp
        f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=1',
        '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
        '--config.train.eval_batch_size=16'],
-      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
+      cwd=ROOT, env=cpu_env(), capture_output=True,
       text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   export = json.load(open(workdir / 'results.json'))['runs'][0]['export']

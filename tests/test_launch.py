@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from cpu_env import cpu_env, xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -553,7 +555,7 @@ def test_a_closed_stdout_reader_does_not_stop_training(data, tmp_path):
   # so every later log line, eval line (step 4, 8, 12, 16) and the final result meets a broken
   # pipe. Unguarded, the first eval line ended the run with exit 1 and no checkpoint.
   workdir = str(tmp_path / 'run')
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   proc = subprocess.Popen([sys.executable, '-m', 'bert_jax.main',
                            *training_flags(data, workdir, 16, eval_every=4)],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -595,7 +597,7 @@ def one_process_cluster_env():
       except OSError:
         continue
   return dict(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='1',
-              SLURM_PROCID='0', SLURM_LOCALID='0', XLA_FLAGS='', JAX_PLATFORMS='cpu',
+              SLURM_PROCID='0', SLURM_LOCALID='0', XLA_FLAGS=xla_flags(1), JAX_PLATFORMS='cpu',
               PYTHON=sys.executable)
 
 
@@ -697,8 +699,7 @@ def test_gcloud_rerunning_a_start_finds_the_same_run_going_and_the_launch_goes_o
 
 def test_detach_over_a_run_with_other_arguments_refuses(data, tmp_path):
   run_dir = tmp_path / 'bert_jax_run'
-  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS='cpu', XLA_FLAGS='',
-             RUN_DIR=str(run_dir))
+  env = cpu_env(PYTHON=sys.executable, RUN_DIR=str(run_dir))
   flags = training_flags(data, tmp_path / 'run', 100_000)
 
   def detach(*args):

@@ -18,9 +18,10 @@ import time
 import pytest
 
 from test_finetune import classification_files, start_dir  # noqa: F401  (a fixture)
+from cpu_env import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+ENV = cpu_env()
 
 
 def fine_tuning(workdir, data, start, tmp_path):

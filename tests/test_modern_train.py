@@ -29,6 +29,7 @@ from input_pipeline.pretrain.instances import MaskingConfig
 from input_pipeline.tokenizer import WordPieceTokenizer
 from tests import test_finetune
 from tests.tolerance import assert_trees_close
+from cpu_env import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Phase 2's rows here: longer than phase 1's and than a local window (32), as 8,192 are on a
@@ -124,7 +125,7 @@ def test_modern_pretrains_exports_extends_context_and_fine_tunes(data, records, 
   done = subprocess.run(
       [sys.executable, '-m', 'bert_jax.main', '--config=configs/modern.py:tiny,phase2',
        f'--workdir={phase2}'] + [f'--config.{k}={v}' for k, v in flags.items()],
-      cwd=ROOT, env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'), capture_output=True,
+      cwd=ROOT, env=cpu_env(), capture_output=True,
       text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   logged = [json.loads(line) for line in open(os.path.join(phase2, 'metrics.jsonl'))]

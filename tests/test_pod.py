@@ -22,6 +22,7 @@ from input_pipeline.pretrain import dataset as data_lib
 from metadata_server import MetadataServer
 from test_maintenance import eval_steps
 from test_train import ROOT, logged_losses, main_command, overrides, run_main
+from cpu_env import cpu_env
 
 STEPS = 30
 UNINTERRUPTED_DIR = []  # the uninterrupted run's workdir, for the eval test
@@ -104,8 +105,7 @@ def test_two_processes_give_the_same_losses_as_one(data, uninterrupted, tmp_path
   # rows as one process's, permuted: equal to float32 round-off (the sums run in other orders).
   single = subprocess.run(main_command(str(tmp_path / 'one'), _values(data)), cwd=ROOT,
                           timeout=300, capture_output=True, text=True,
-                          env=dict(os.environ, JAX_PLATFORMS='cpu',
-                                   XLA_FLAGS='--xla_force_host_platform_device_count=4'))
+                          env=cpu_env(4))
   assert single.returncode == 0, single.stderr[-3000:]
   one = logged_losses(str(tmp_path / 'one'))
   assert sorted(one) == sorted(uninterrupted) == list(range(1, STEPS + 1))

@@ -16,6 +16,7 @@ from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import checkpointing, run_control, run_setup
 from configs import bert_tiny, common, upgrade
 from input_pipeline.tokenizer import WordPieceTokenizer
+from cpu_env import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,13 +56,13 @@ def main_command(workdir, values):
 
 
 def run_main(workdir, values, timeout=300, mode='train'):
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   return subprocess.run(main_command(workdir, values) + [f'--mode={mode}'], cwd=ROOT, env=env,
                         timeout=timeout, capture_output=True, text=True)
 
 
 def start_main(workdir, values, extra_flags=()):
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = cpu_env()
   return subprocess.Popen(main_command(workdir, values) + list(extra_flags), cwd=ROOT, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -139,7 +140,7 @@ def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, train
   workdir = str(trained[0])
   out = subprocess.run([sys.executable, '-m', 'bert_jax.export', f'--workdir={workdir}',
                         f'--output={tmp_path / "hf"}'], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, XLA_FLAGS=''), timeout=300)
+                       env=cpu_env(), timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   model, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path / 'hf'),
                                                                  output_loading_info=True)
