@@ -161,18 +161,21 @@ def test_packed_rows_give_each_instance_its_solo_logits():
     extra = {'next_sentence_positions': starts[None]} if head.task == heads.SEQUENCE else {}
     out = apply({'params': params}, ids, None, seg, position_ids=pos,
                       packed_segment_ids=packed, **extra)
-    for k, (s, n, start) in enumerate(zip(solos, lens, starts)):
-      solo_seg = np.zeros((1, n), np.int32)
-      solo_seg[0, n // 2:] = 1
-      alone = apply({'params': params}, s[None], np.ones((1, n), np.int32), solo_seg)
+    # Each instance alone in its own row (the rows padded to the longest, masked): one call.
+    alone_ids, alone_mask, alone_seg = (np.zeros((len(lens), max(lens)), np.int32)
+                                        for _ in range(3))
+    for k, (s, n) in enumerate(zip(solos, lens)):
+      alone_ids[k, :n], alone_mask[k, :n], alone_seg[k, n // 2:n] = s, 1, 1
+    alone = apply({'params': params}, alone_ids, alone_mask, alone_seg)
+    for k, (n, start) in enumerate(zip(lens, starts)):
       if head.task == heads.SEQUENCE:
-        np.testing.assert_allclose(out[0, k], alone[0], atol=1e-5)
+        np.testing.assert_allclose(out[0, k], alone[k], atol=1e-5)
       elif head.task == heads.TOKEN:
-        np.testing.assert_allclose(out[0, start:start + n], alone[0], atol=1e-5)
+        np.testing.assert_allclose(out[0, start:start + n], alone[k, :n], atol=1e-5)
       else:
-        np.testing.assert_allclose(out.start_logits[0, start:start + n], alone.start_logits[0],
-                                   atol=1e-5)
-        np.testing.assert_allclose(out.end_logits[0, start:start + n], alone.end_logits[0],
+        np.testing.assert_allclose(out.start_logits[0, start:start + n],
+                                   alone.start_logits[k, :n], atol=1e-5)
+        np.testing.assert_allclose(out.end_logits[0, start:start + n], alone.end_logits[k, :n],
                                    atol=1e-5)
 
 
