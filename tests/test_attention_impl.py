@@ -192,10 +192,10 @@ def tiny_batch(length, vocab, packed):
 
 @pytest.mark.parametrize('arch,packed,scan', [('bert', False, False), ('modern', True, True)])
 def test_whole_tiny_model_loss_and_gradients_equal(arch, packed, scan):
-  """BERT-tiny on padded rows, and a ModernBERT-tiny (global layer 0, local layer 1, window
-  64, scanned: a cond between the cores) on packed 256-token rows."""
+  """BERT-tiny at one layer on padded rows, and a ModernBERT-tiny (global layer 0, local
+  layer 1, window 64, scanned: a cond between the cores) on packed 256-token rows."""
   length = 256 if arch == 'modern' else 128
-  extra = dict(local_window=64) if arch == 'modern' else {}
+  extra = dict(local_window=64) if arch == 'modern' else dict(num_layers=1)
   cfg = BertConfig.from_preset('tiny', arch=arch, vocab_size=512, scan_layers=scan, **extra)
   params = tiny_params(cfg)
   batch = tiny_batch(length, 512, packed)
