@@ -85,7 +85,8 @@ def trained(data, tmp_path_factory):
   profiled): (workdir, result). Besides the learning test, the tests that only read a
   finished workdir share it: export, phase-2 init_from, a refused optimizer-state init."""
   workdir = tmp_path_factory.mktemp('trained')
-  values = overrides(data, steps=40, **{'train.profile_steps': '3,5'})
+  values = overrides(data, steps=40, **{'train.profile_steps': '3,5',
+                                        'train.checkpoint_every': 20})
   return workdir, train.train_and_evaluate(config_with(values), str(workdir))
 
 
@@ -102,8 +103,8 @@ def test_tiny_learns_and_evaluates(trained):
 
 
 # What the resume, init and error tests below train: one layer (their claims do not depend on
-# the depth, and an unrolled layer less is ~a third less XLA compile) and no held-out eval
-# (one program less), unless the test's claim is about them.
+# the depth, and an unrolled layer less is less XLA compile) and no held-out eval (one
+# program less), unless the test's claim is about them.
 SMALL = {'model.num_layers': 1, 'data.eval_files': ''}
 
 
@@ -315,6 +316,7 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
   stats = json.load(open(f'{out}.stats.json'))
   assert stats['sentence_objective'] == objective
   values = overrides(data, steps=3, **{
+      'model.num_layers': 1,  # the heads are the claim, not the depth
       'data.train_files': f'{out}-00000-of-00002', 'data.eval_files': f'{out}-00001-of-00002',
       'data.sentence_objective': objective, 'data.dynamic_masking': True, 'data.pack': True,
       'data.pack_window': 64})
