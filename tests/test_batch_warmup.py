@@ -206,12 +206,22 @@ def test_one_and_two_processes_train_on_the_same_global_rows_at_every_step(data,
     seen |= rows
 
 
+# Two sizes, 8 rows for 4 steps then 16, and one layer: two step programs, not WARMUP's four
+# of two layers, for what the resume and throughput claims need (a stop inside the warmup,
+# a size change after the resume).
+RESUMED = {'train.global_batch_size': 16, 'train.batch_warmup_steps': 4,
+           'train.batch_warmup_min_size': 8, 'model.num_layers': 1}
+RESUMED_SIZES = [8, 8, 8, 8, 16, 16, 16, 16]  # steps 0..7
+
+
 def test_a_run_stopped_at_a_checkpoint_and_rerun_logs_the_uninterrupted_losses(data, tmp_path):
   # A constant learning rate, so that stopping at step 3 (num_steps=3) changes nothing else;
   # the stop falls inside the warmup, in the middle of a size.
   values = overrides(data, steps=8, **{
-      **WARMUP, 'data.eval_files': '', 'train.checkpoint_every': 1000,
+      **RESUMED, 'data.eval_files': '', 'train.checkpoint_every': 1000,
       'optimizer.schedule': 'constant', 'train.peak_flops_per_device': 1e9})
+  assert [batch_schedule.from_config(config_with(values).train, 1, 8).batch_size_at(t)
+          for t in range(8)] == RESUMED_SIZES
   train.train_and_evaluate(config_with(values), str(tmp_path / 'whole'))
   train.train_and_evaluate(config_with(dict(values, **{'train.num_steps': 3})),
                            str(tmp_path / 'cut'))
@@ -219,11 +229,11 @@ def test_a_run_stopped_at_a_checkpoint_and_rerun_logs_the_uninterrupted_losses(d
   whole, cut = logged_losses(str(tmp_path / 'whole')), logged_losses(str(tmp_path / 'cut'))
   assert sorted(whole) == list(range(1, 9))
   assert cut == whole  # bit for bit, every step
-  # Dropping the warmup settings changes the reader's batch (8 rows -> 32), which the saved
+  # Dropping the warmup settings changes the reader's batch (8 rows -> 16), which the saved
   # data position cannot carry over: a clear error, not tf.data's shape mismatch.
   plain = {k: v for k, v in values.items() if 'batch_warmup' not in k}
   with pytest.raises(ValueError, match=r'checkpoints/8: its data position was saved reading '
-                                       r'batches of 8 global rows, this run reads 32'):
+                                       r'batches of 8 global rows, this run reads 16'):
     train.train_and_evaluate(config_with(dict(plain, **{'train.num_steps': 10})),
                              str(tmp_path / 'cut'))
   # Throughput counts each step's own batch (log_every=1: one step a line): padded tokens per
@@ -232,12 +242,12 @@ def test_a_run_stopped_at_a_checkpoint_and_rerun_logs_the_uninterrupted_losses(d
   # new size's compilation: step s's line ends after step s+1 is dispatched.
   with open(tmp_path / 'whole' / 'metrics.jsonl') as f:
     lines = {r['step']: r for r in map(json.loads, f) if 'train/loss' in r}
-  for step, size in enumerate(SIZES, start=1):
+  for step, size in enumerate(RESUMED_SIZES, start=1):
     r = lines[step]
     np.testing.assert_allclose(r['train/tokens_per_second'] / r['train/steps_per_second'],
                                size * 64, rtol=1e-9)
   with_mfu = sorted(s for s, r in lines.items() if 'train/mfu' in r)
-  assert with_mfu == [3, 5, 7, 8], with_mfu
+  assert with_mfu == [2, 3, 5, 6, 7, 8], with_mfu
   ratios = [lines[s]['train/mfu'] / lines[s]['train/tokens_per_second'] for s in with_mfu]
   np.testing.assert_allclose(ratios, ratios[0], rtol=1e-9)
 

@@ -85,7 +85,8 @@ def trained(data, tmp_path_factory):
   profiled): (workdir, result). Besides the learning test, the tests that only read a
   finished workdir share it: export, phase-2 init_from, a refused optimizer-state init."""
   workdir = tmp_path_factory.mktemp('trained')
-  values = overrides(data, steps=40, **{'train.profile_steps': '3,5'})
+  values = overrides(data, steps=40, **{'train.profile_steps': '3,5',
+                                        'train.checkpoint_every': 20})
   return workdir, train.train_and_evaluate(config_with(values), str(workdir))
 
 
@@ -101,10 +102,17 @@ def test_tiny_learns_and_evaluates(trained):
   assert checkpointing.make_manager(str(workdir)).latest_step() == 40
 
 
+# What the resume, init and error tests below train: one layer (their claims do not depend on
+# the depth, and an unrolled layer less is less XLA compile) and no held-out eval (one
+# program less), unless the test's claim is about them.
+SMALL = {'model.num_layers': 1, 'data.eval_files': ''}
+
+
 def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
   # A constant schedule, so that stopping at step 6 (num_steps=6) changes nothing else.
   run = lambda steps, mesh, name: train.train_and_evaluate(config_with(overrides(
-      data, steps=steps, mesh=mesh, **{'optimizer.schedule': 'constant'})), str(tmp_path / name))
+      data, steps=steps, mesh=mesh, **SMALL, **{'optimizer.schedule': 'constant'})),
+      str(tmp_path / name))
   # The reference and the first half share a mesh (and so one compiled program); the second
   # half restores onto another one.
   run(12, (2, 2, 2), 'ref')
@@ -119,7 +127,7 @@ def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
   # A checkpoint every step: whichever step first goes non-finite is a checkpoint step, and
   # what is saved before it must still be finite.
-  config = config_with(overrides(data, steps=40, **{'optimizer.learning_rate': 1e12,
+  config = config_with(overrides(data, steps=40, **SMALL, **{'optimizer.learning_rate': 1e12,
                                                     'optimizer.warmup_steps': 0,
                                                     'optimizer.clip_norm': 0.0,
                                                     'train.checkpoint_every': 1}))
@@ -199,9 +207,10 @@ def _state_of(config, workdir=None):
 
 
 def test_lamb_phase2_carries_phase1_moments_with_a_fresh_step_count(data, tmp_path):
+  # Both phases 4 steps of one schedule: phase 2 runs phase 1's compiled step.
   phase1, phase2 = str(tmp_path / 'p1'), str(tmp_path / 'p2')
-  train.train_and_evaluate(config_with(overrides(data, steps=4, **LAMB)), phase1)
-  config = config_with(overrides(data, steps=2, **LAMB, **{
+  train.train_and_evaluate(config_with(overrides(data, steps=4, **LAMB, **SMALL)), phase1)
+  config = config_with(overrides(data, steps=4, **LAMB, **SMALL, **{
       'train.init_from': phase1, 'train.init_opt_state_from': True}))
   state, saved = jax.device_get(_state_of(config)), jax.device_get(_state_of(config, phase1))
   adam, saved_adam = state.opt_state[1], saved.opt_state[1]
@@ -212,7 +221,7 @@ def test_lamb_phase2_carries_phase1_moments_with_a_fresh_step_count(data, tmp_pa
     jax.tree_util.tree_map(np.testing.assert_array_equal, ours, theirs)
   assert any((x != 0).any() for x in jax.tree_util.tree_leaves(adam.nu))
   result = train.train_and_evaluate(config, phase2)  # and it trains from there
-  assert result['step'] == 2 and math.isfinite(result['train']['loss'])
+  assert result['step'] == 4 and math.isfinite(result['train']['loss'])
 
 
 def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, trained):
@@ -227,19 +236,20 @@ def test_init_opt_state_from_another_optimizer_is_a_clear_error(data, trained):
     _state_of(config)
 
 
-def test_resuming_with_another_layer_layout_is_a_clear_error_that_keeps_the_config(data, tmp_path):
-  workdir = str(tmp_path / 'run')
-  train.train_and_evaluate(config_with(overrides(data, steps=2, **{'model.scan_layers': True})),
-                           workdir)
+def test_resuming_with_another_layer_layout_is_a_clear_error_that_keeps_the_config(
+    data, scanned_phase1):
+  # The refused run must leave the workdir as it was: the other tests still read it.
+  workdir = scanned_phase1
   with open(os.path.join(workdir, 'config.json')) as f:
     written = f.read()
   with pytest.raises(ValueError, match=r'checkpoints/2 holds another state layout than this '
                                        r"run's config .*params.encoder.layer_0.* "
                                        r'Resume with .*model.scan_layers'):
     train.train_and_evaluate(config_with(overrides(data, steps=4, **{
-        'model.scan_layers': False})), workdir)
+        'model.scan_layers': False, 'data.eval_files': ''})), workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
     assert f.read() == written  # the run's own config, not the refused one
+  assert list(checkpointing.make_manager(workdir).all_steps()) == [2]
 
 
 @pytest.mark.parametrize('name,phases', [('bert_tiny', ['phase1', 'phase2']),
@@ -282,19 +292,31 @@ def test_model_num_layers_changes_only_the_depth():
 def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, objective):
   """--next_sentence -> records -> packed, dynamically masked training -> eval: the sentence
   head trains and reports under its objective's name, and not at all for none, whose export
-  (NSP head untrained) is still a whole BertForPreTraining."""
+  (NSP head untrained) is still a whole BertForPreTraining. sop's records come from the CLI
+  and its --next_sentence flag; nsp's and none's from the function the CLI calls (`run` of
+  the Job that `job_from_flags` builds), which spares two ~10 s processes."""
   out = tmp_path / 'data' / 'rows'
-  done = subprocess.run(
-      [sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
-       f'--input_file={data / "train.txt"}', f'--output_file={out}',
-       f'--vocab_file={data / "vocab.txt"}', '--max_seq_length=64',
-       '--max_predictions_per_seq=10', '--dupe_factor=1', '--num_shards=2',
-       '--window_chars=30000', f'--next_sentence={objective}'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
+  if objective == 'sop':
+    done = subprocess.run(
+        [sys.executable, '-m', 'input_pipeline.pretrain.create_pretraining_data',
+         f'--input_file={data / "train.txt"}', f'--output_file={out}',
+         f'--vocab_file={data / "vocab.txt"}', '--max_seq_length=64',
+         '--max_predictions_per_seq=10', '--dupe_factor=1', '--num_shards=2',
+         '--window_chars=30000', f'--next_sentence={objective}'],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+  else:
+    from input_pipeline.pretrain import create_pretraining_data as cpd
+    from input_pipeline.pretrain.instances import MaskingConfig
+    out.parent.mkdir()
+    cpd.run(cpd.Job(output_file=str(out), masking=MaskingConfig(64, 10),
+                    vocab_file=str(data / 'vocab.txt'), input_file=str(data / 'train.txt'),
+                    dupe_factor=1, num_shards=2, window_chars=30_000,
+                    sentence_objective=objective))
   stats = json.load(open(f'{out}.stats.json'))
   assert stats['sentence_objective'] == objective
   values = overrides(data, steps=3, **{
+      'model.num_layers': 1,  # the heads are the claim, not the depth
       'data.train_files': f'{out}-00000-of-00002', 'data.eval_files': f'{out}-00001-of-00002',
       'data.sentence_objective': objective, 'data.dynamic_masking': True, 'data.pack': True,
       'data.pack_window': 64})
@@ -327,10 +349,11 @@ def test_each_sentence_objective_from_the_flag_to_eval_metrics(data, tmp_path, o
 
 @pytest.fixture(scope='module')
 def scanned_phase1(data, tmp_path_factory):
-  """A real 2-step pre-training run with scanned layers (the default on TPU pods)."""
+  """A real 2-step pre-training run with scanned layers (the default on TPU pods), no eval.
+  Its tests only read it, or (the layer layout test) are refused before writing."""
   workdir = str(tmp_path_factory.mktemp('scanned') / 'p1')
-  train.train_and_evaluate(config_with(overrides(data, steps=2, **{'model.scan_layers': True})),
-                           workdir)
+  train.train_and_evaluate(config_with(overrides(data, steps=2, **{
+      'model.scan_layers': True, 'data.eval_files': ''})), workdir)
   return workdir
 
 
@@ -338,6 +361,7 @@ def test_init_from_a_scanned_workdir_into_an_unrolled_run(data, scanned_phase1, 
   """Phase 1 scanned, phase 2 with model.scan_layers=False (the GPU advice): each unrolled
   layer_i is slice i of the stacked layers, everything else equal; then it trains."""
   config = config_with(overrides(data, steps=2, **{'model.scan_layers': False,
+                                                   'data.eval_files': '',
                                                    'train.init_from': scanned_phase1}))
   state = jax.device_get(train._initial_state(pretrain_step.setup(config)))
   step, saved = checkpointing.restore_params(scanned_phase1)
