@@ -9,6 +9,7 @@ Orbax's paths, TensorStore writes Orbax's arrays; on a pod the same code talks t
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -167,21 +168,34 @@ def test_data_creation_names_a_missing_bucket(gcs, tmp_path):
     cpd.run(job)
 
 
-def test_two_processes_share_a_gs_workdir(gcs):
-  """A multi-host run's one shared directory: both processes write their Orbax shards and their
-  data-iterator state into the same gs:// step directories, and their logs land there too."""
-  data, workdir = f'{BUCKET}/pod-data', f'{BUCKET}/pod'
-  corpus.write_text_file(list(corpus.embedded_documents())[:200], f'{data}/text.txt')
-  run(['input_pipeline.pretrain.create_pretraining_data', f'--input_file={data}/text.txt',
-       f'--output_file={data}/train', f'--vocab_file={VOCAB}', '--max_seq_length=64',
-       '--max_predictions_per_seq=10', '--num_shards=2', '--window_chars=20000'])
-  flags = [a for a in train_args(workdir, data, steps=6)[1:]
-           if not a.startswith(('--config.data.eval_files', '--config.data.vocab_file'))]
-  flags += ['--config.model.vocab_size=30522', '--config.mesh=(2,2,1)']
-  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT='12477', JAX_PLATFORMS='cpu')
+@pytest.fixture(scope='module')
+def gs_pod(gcs, data):
+  """launch/local_pod.sh 2 with the workdir and data.vocab_file on gs:// (docs/pods.md's pod
+  recipe; the records stay local): 6 steps, checkpoints at 4 and 6. (workdir, vocab path)."""
+  vocab, workdir = f'{BUCKET}/pod/vocab.txt', f'{BUCKET}/pod/run'
+  fs.write_text(vocab, (data / 'vocab.txt').read_text())
+  values = {
+      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'data.vocab_file': vocab, 'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10,
+      'data.shuffle_buffer': 100, 'train.num_steps': 6, 'train.global_batch_size': 8,
+      'train.log_every': 1, 'train.checkpoint_every': 4, 'optimizer.warmup_steps': 1,
+      'mesh': '(2,2,1)'}
+  flags = [f'--config=configs/bert_tiny.py', f'--workdir={workdir}'] + [
+      f'--config.{k}={v}' for k, v in values.items()]
+  with socket.socket() as sock:  # a free port: xdist may run this fixture in two workers
+    sock.bind(('localhost', 0))
+    port = sock.getsockname()[1]
+  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(port), JAX_PLATFORMS='cpu')
   pod = subprocess.run(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=400)
   assert pod.returncode == 0, pod.stdout[-3000:] + pod.stderr[-3000:]
+  return workdir, vocab
+
+
+def test_two_processes_share_a_gs_workdir(gs_pod):
+  """A multi-host run's one shared directory: both processes write their Orbax shards and their
+  data-iterator state into the same gs:// step directories, and their logs land there too."""
+  workdir, _ = gs_pod
   assert sorted(losses(workdir)) == list(range(1, 7))
   for step in (4, 6):
     for i in (0, 1):
@@ -189,36 +203,31 @@ def test_two_processes_share_a_gs_workdir(gcs):
   assert {'process_0.log', 'process_1.log'} <= set(fs.listdir(f'{workdir}/logs'))
 
 
-def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(gcs, data):
-  """docs/pods.md's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir is
-  a fine-tuning start point (`load_start_point`) and a `train.init_from` one, whose vocabulary
-  is compared by content with the run's (here a local copy of the same file)."""
+def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(gs_pod, data):
+  """docs/pods.md's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir
+  (the pod's above) is a fine-tuning start point (`load_start_point`) and a `train.init_from`
+  one, whose vocabulary is compared by content with the run's (here a local copy of the same
+  file)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
   from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import start_points
   from bert_jax.pretrain import run as train
   from configs import bert_tiny, common  # pylint: disable=g-import-not-at-top
-  vocab, workdir = f'{BUCKET}/start/vocab.txt', f'{BUCKET}/start/run'
-  fs.write_text(vocab, (data / 'vocab.txt').read_text())
-
-  def config(**values):
-    return common.override(bert_tiny.get_config(), {
-        'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
-        'data.vocab_file': vocab, 'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10,
-        'data.shuffle_buffer': 100, 'train.num_steps': 2, 'train.global_batch_size': 8,
-        'optimizer.warmup_steps': 1, **values})
-
-  train.train_and_evaluate(config(), workdir)
+  workdir, vocab = gs_pod
   start = start_points.load_start_point(workdir)
   step, saved = checkpointing.restore_params(workdir)
-  assert (start.kind, start.step, step, start.do_lower_case) == ('workdir', 2, 2, True)
+  assert (start.kind, start.step, step, start.do_lower_case) == ('workdir', 6, 6, True)
   assert start.tokenizer.vocab_file == vocab
   assert start.tokenizer.vocab == (data / 'vocab.txt').read_text().rstrip('\n').split('\n')
   jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, saved)
 
-  phase2 = config(**{'train.init_from': workdir, 'data.vocab_file': str(data / 'vocab.txt'),
-                     'model.scan_layers': True})  # and relaid out: phase 1 was unrolled
+  phase2 = common.override(bert_tiny.get_config(), {
+      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'data.vocab_file': str(data / 'vocab.txt'), 'data.max_seq_length': 64,
+      'data.max_predictions_per_seq': 10, 'train.global_batch_size': 8,
+      'train.init_from': workdir,
+      'model.scan_layers': True})  # and relaid out: phase 1 was unrolled
   state = jax.device_get(train._initial_state(pretrain_step.setup(phase2)))  # pylint: disable=protected-access
   assert int(state.step) == 0
   for i in range(2):

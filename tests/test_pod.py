@@ -7,6 +7,7 @@ with a warning. Eval shares of unequal size end together, with exact metrics."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,25 +17,40 @@ import time
 import numpy as np
 import pytest
 
+from bert_jax.pretrain import run as train
 from bert_jax.training import maintenance
 from input_pipeline import tfrecord
 from input_pipeline.pretrain import dataset as data_lib
 from metadata_server import MetadataServer
 from test_maintenance import eval_steps
-from test_train import ROOT, logged_losses, main_command, overrides, run_main
-from cpu_env import cpu_env
+from test_train import ROOT, config_with, logged_losses, main_command, overrides
 
-STEPS = 30
-UNINTERRUPTED_DIR = []  # the uninterrupted run's workdir, for the eval test
+STEPS = 20
+UNINTERRUPTED_DIR = []  # the uninterrupted run's workdir, for the tests that read or copy it
 
 
-def _values(data):
+@pytest.fixture(scope='module')
+def values(data, tmp_path_factory):
+  """Every run's settings. The held-out file has 3 chunks (dataset.chunks: 4 KiB each at this
+  size), so that the 2-process runs' eval at the end splits unevenly."""
+  records = tfrecord.read_all(str(data / 'eval'))
+  sizes = np.cumsum([len(tfrecord.frame(r)) for r in records])
+  n = int(np.searchsorted(sizes, 3 * 4096 - 500))
+  assert 2 * 4096 < sizes[n - 1] <= 3 * 4096
+  eval3 = tmp_path_factory.mktemp('eval3') / 'eval3'
+  writer = tfrecord.TFRecordWriter(str(eval3))
+  writer.write_many(records[:n])
+  writer.close()
   # No dropout and no shuffle buffer: both draw per row position, and one process must give
   # the same losses as two. What a resume must restore exactly is still all there: params,
-  # optimizer moments, step, every process's record streams.
+  # optimizer moments, step, every process's record streams. A constant learning rate, so that
+  # train.num_steps is not part of the compiled step: the longer runs here (the maintenance
+  # run, the continuation with another process count) reuse it from the compilation cache.
+  # 12 rows per host: one host's share of the held-out file fits one batch, the other's not.
   return overrides(data, steps=STEPS, **{
-      'data.eval_files': '', 'train.checkpoint_every': 1000, 'data.shuffle_buffer': 1,
-      'model.hidden_dropout': 0.0, 'model.attention_dropout': 0.0})
+      'data.eval_files': str(eval3), 'train.eval_steps': 1000, 'train.checkpoint_every': 1000,
+      'train.global_batch_size': 24, 'data.shuffle_buffer': 1, 'model.hidden_dropout': 0.0,
+      'model.attention_dropout': 0.0, 'optimizer.schedule': 'constant'})
 
 
 def _free_port() -> int:
@@ -91,38 +107,37 @@ def _saved_steps(workdir):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(data, tmp_path_factory):
+def uninterrupted(values, tmp_path_factory):
+  """2 processes from step 0 to STEPS, and the eval at the end: its losses."""
   workdir = tmp_path_factory.mktemp('uninterrupted')
   UNINTERRUPTED_DIR.append(workdir)
-  rc, out = _finish(_pod(workdir, _values(data)))
+  rc, out = _finish(_pod(workdir, values))
   assert rc == 0, out[-3000:]
   return logged_losses(str(workdir))
 
 
-def test_two_processes_give_the_same_losses_as_one(data, uninterrupted, tmp_path):
+def test_two_processes_give_the_same_losses_as_one(values, uninterrupted, tmp_path):
   # The reader deals chunks to 8 record streams whatever the process count; process i reads
   # global records i, i+2, ... (dataset.training_records), so each global batch holds the same
-  # rows as one process's, permuted: equal to float32 round-off (the sums run in other orders).
-  single = subprocess.run(main_command(str(tmp_path / 'one'), _values(data)), cwd=ROOT,
-                          timeout=300, capture_output=True, text=True,
-                          env=cpu_env(4))
-  assert single.returncode == 0, single.stderr[-3000:]
+  # rows as one process's, permuted: equal to float32 round-off (the sums run in other orders,
+  # here over this worker's 8 devices in one process).
+  train.train_and_evaluate(config_with(values), str(tmp_path / 'one'))
   one = logged_losses(str(tmp_path / 'one'))
   assert sorted(one) == sorted(uninterrupted) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([uninterrupted[s] for s in range(1, 9)],
                              [one[s] for s in range(1, 9)], rtol=3e-6, atol=0)  # losses ~8
 
 
-def _preempt(workdir, pod, after_step, send):
+def _preempt(workdir, pod, after_step, send, end=STEPS):
   """Wait for `after_step`, send the notice(s), and check that both processes saved one step
-  (the same) and exited 0; returns that step."""
+  (the same, before `end`) and exited 0; returns that step."""
   before = set(_saved_steps(workdir)) if (workdir / 'checkpoints').exists() else set()
   _wait_for_step(workdir, after_step, pod)
   send()
   rc, out = _finish(pod)
   assert rc == 0, out[-3000:]
   new = sorted(set(_saved_steps(workdir)) - before)
-  assert len(new) == 1 and after_step <= new[0] < STEPS, new  # the notice's step, not the end
+  assert len(new) == 1 and after_step <= new[0] < end, new  # the notice's step, not the end
   step_dir = workdir / 'checkpoints' / str(new[0]) / 'data'
   assert sorted(p for p in os.listdir(step_dir) if p.startswith('process_')) == [
       'process_0', 'process_1']
@@ -133,10 +148,11 @@ def _preempt(workdir, pod, after_step, send):
 
 
 @pytest.fixture(scope='module')
-def preempted_twice(data, tmp_path_factory):
-  """SIGTERM to process 1 only; resume; SIGTERM to process 0 and, 0.2 s later, process 1;
-  resume to the end."""
-  workdir = tmp_path_factory.mktemp('preempted')
+def interrupted(values, tmp_path_factory):
+  """One run stopped three times, resumed after each: SIGTERM to process 1 only; SIGTERM to
+  process 0 and, 0.2 s later, process 1; a maintenance event from the metadata server, in a
+  session that evaluates every step. (workdir, the three saved steps)."""
+  workdir = tmp_path_factory.mktemp('interrupted')
 
   def to_one():
     os.kill(_process_pid(workdir, 1), signal.SIGTERM)
@@ -148,98 +164,82 @@ def preempted_twice(data, tmp_path_factory):
       os.kill(_process_pid(workdir, 1), signal.SIGTERM)
     except AssertionError:
       pass  # already saved and gone
-  first = _preempt(workdir, _pod(workdir, _values(data)), 5, to_one)
-  second = _preempt(workdir, _pod(workdir, _values(data)), first + 1, to_both)
-  rc, out = _finish(_pod(workdir, _values(data)))
-  assert rc == 0, out[-3000:]
-  return workdir, first, second
+  first = _preempt(workdir, _pod(workdir, values), 5, to_one)
+  second = _preempt(workdir, _pod(workdir, values), first + 1, to_both)
+  # Both hosts watch one metadata server (as a slice's workers each watch their own). With a
+  # constant learning rate, 500 steps and an eval every step change nothing in the training.
+  with MetadataServer() as server:
+    env = dict(os.environ, GCE_METADATA_HOST=server.host)
+    pod = _pod(workdir, dict(values, **{'train.eval_every': 1, 'train.eval_steps': 1,
+                                        'train.num_steps': 500}),
+               env=env, extra_flags=['--maintenance_poll_seconds=0.1'])
+    third = _preempt(workdir, pod, second + 3,
+                     lambda: setattr(server, 'event', maintenance.TERMINATE), end=500)
+  return workdir, (first, second, third)
 
 
 def test_preemption_notices_save_one_step_on_every_host_and_resume_exactly(
-    preempted_twice, uninterrupted):
-  workdir, first, second = preempted_twice
+    interrupted, uninterrupted):
+  # Each stop is checked as it happens (_preempt); here, the two resumes after SIGTERMs.
+  workdir, (first, second, third) = interrupted
   resumed = logged_losses(str(workdir))
   print(f'SIGTERM to process 1: both saved step {first}; SIGTERM to process 0 then 1: both '
-        f'saved step {second}; resumed losses {json.dumps(resumed)}')
-  assert sorted(resumed) == list(range(1, STEPS + 1))
-  assert resumed == uninterrupted  # bit for bit, every step
+        f'saved step {second}; resumed, stopped at {third}; losses {json.dumps(resumed)}')
+  assert sorted(resumed) == list(range(1, third + 1)) and third > second + 2
+  common = range(1, min(third, STEPS) + 1)
+  assert [resumed[s] for s in common] == [uninterrupted[s] for s in common]  # bit for bit
 
 
 def test_resuming_with_another_process_count_is_refused_or_allowed_with_a_warning(
-    data, preempted_twice):
-  workdir = preempted_twice[0]
-  more = dict(_values(data), **{'train.num_steps': STEPS + 3})
-  refused = run_main(str(workdir), more)
-  assert refused.returncode == 1
-  assert 'written by 2 processes, this run has 1' in refused.stderr
-  assert 'allow_process_count_change=True' in refused.stderr
-  allowed = run_main(str(workdir), dict(more, **{'train.allow_process_count_change': True}))
-  assert allowed.returncode == 0, allowed.stderr[-3000:]
-  assert 'the data restarts in a new order' in allowed.stderr
+    values, uninterrupted, tmp_path, caplog):
+  # One process (this one) resumes a copy of the 2-process run's workdir. The refusal is the
+  # ValueError that bert_jax.main prints as `error: ...` with exit status 1
+  # (test_train.test_main_reports_bad_input_without_a_traceback).
+  workdir = tmp_path / 'run'
+  shutil.copytree(UNINTERRUPTED_DIR[0], workdir)
+  assert _saved_steps(workdir)[-1] == STEPS
+  more = dict(values, **{'train.num_steps': STEPS + 3})
+  with pytest.raises(ValueError, match='written by 2 processes, this run has 1') as refused:
+    train.train_and_evaluate(config_with(more), str(workdir))
+  assert 'allow_process_count_change=True' in str(refused.value)
+  train.train_and_evaluate(
+      config_with(dict(more, **{'train.allow_process_count_change': True})), str(workdir))
+  assert 'the data restarts in a new order' in caplog.text
   assert _saved_steps(workdir)[-1] == STEPS + 3
 
 
-def _last_json(text: str) -> dict:
-  """The result `bert_jax.main` prints last (an indented JSON object)."""
-  start = 0 if text.startswith('{\n') else text.rindex('\n{\n') + 1
-  return json.loads(text[start:text.index('\n}', start) + 2])
-
-
 def test_two_processes_with_unequal_eval_shares_agree_on_the_end_and_the_metrics(
-    data, uninterrupted, tmp_path):
-  # An eval file of 3 chunks (dataset.chunks: 4 KiB each at this size): process 0 reads chunks
-  # 0 and 2, process 1 chunk 1, so process 0 has about twice the batches. The host that runs
-  # out first must keep stepping with all-padding batches until both agree the set has ended,
-  # and the sums must equal one process reading everything.
-  records = tfrecord.read_all(str(data / 'eval'))
-  sizes = np.cumsum([len(tfrecord.frame(r)) for r in records])
-  n = int(np.searchsorted(sizes, 3 * 4096 - 500))
-  assert 2 * 4096 < sizes[n - 1] <= 3 * 4096
-  writer = tfrecord.TFRecordWriter(str(tmp_path / 'eval3'))
-  writer.write_many(records[:n])
-  writer.close()
+    values, uninterrupted):
+  # The uninterrupted run's eval: of the held-out file's 3 chunks process 0 reads chunks 0 and
+  # 2, process 1 chunk 1, so process 0 has about twice the rows. The host that runs out first
+  # must keep stepping with all-padding batches until both agree the set has ended, and the
+  # sums must equal one process (this one, on its 8 devices) reading everything.
+  per_host = values['train.global_batch_size'] // 2
   shares = [sum(1 for _ in data_lib.make_dataset(data_lib.ReaderConfig(
-      files=str(tmp_path / 'eval3'), batch_size=2, max_seq_length=64, max_predictions_per_seq=10),
-      training=False, process_index=i, process_count=2).unbatch()) for i in (0, 1)]
-  assert shares[0] > shares[1] + 4, shares  # real rows (+ padding) per host: unequal
+      files=values['data.eval_files'], batch_size=per_host, max_seq_length=64,
+      max_predictions_per_seq=10), training=False, process_index=i, process_count=2))
+      for i in (0, 1)]
+  assert shares[0] > shares[1], shares  # batches per host: one host must feed a padding batch
   workdir = UNINTERRUPTED_DIR[0]
-  values = dict(_values(data), **{'data.eval_files': str(tmp_path / 'eval3'),
-                                  'train.global_batch_size': 4, 'train.eval_steps': 1000})
-  one = run_main(str(workdir), values, mode='eval')
-  assert one.returncode == 0, one.stderr[-3000:]
-  rc, out = _finish(_pod(workdir, dict(values, mode='eval')))
-  assert rc == 0, out[-3000:]
-  a, b = _last_json(one.stdout), _last_json(out)
-  print(f'eval of {n} records, 1 process: {a}\n2 processes: {b}')
-  assert a['step'] == b['step'] == STEPS
+  with open(workdir / 'metrics.jsonl') as f:
+    [pod] = [r for r in map(json.loads, f) if 'eval/mlm_loss' in r]
+  one = train.evaluate_workdir(config_with(values), str(workdir))
+  print(f'eval of {values["data.eval_files"]}, 2 processes: {pod}\n1 process: {one}')
+  assert pod['step'] == one['step'] == STEPS
   for k in ('mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy'):
-    np.testing.assert_allclose(b[k], a[k], rtol=1e-5, err_msg=k)
+    np.testing.assert_allclose(pod[f'eval/{k}'], one[k], rtol=1e-5, err_msg=k)
 
 
 def test_a_maintenance_event_stops_both_hosts_at_one_agreed_step_before_a_pending_eval(
-    data, tmp_path):
-  # Both hosts watch one metadata server (as a slice's workers each watch their own); when it
-  # starts answering TERMINATE_ON_HOST_MAINTENANCE each watcher raises the notice, JAX's sync
-  # manager agrees on one step, both save it and exit 0, and that step's eval is skipped.
-  workdir = tmp_path / 'maintenance'
-  values = dict(_values(data), **{'data.eval_files': str(data / 'eval'), 'train.eval_every': 1,
-                                  'train.eval_steps': 1, 'train.num_steps': 500})
-  with MetadataServer() as server:
-    env = dict(os.environ, GCE_METADATA_HOST=server.host)
-    pod = _pod(workdir, values, env=env, extra_flags=['--maintenance_poll_seconds=0.1'])
-    _wait_for_step(workdir, 3, pod)
-    server.event = maintenance.TERMINATE
-    rc, out = _finish(pod)
-  assert rc == 0, out[-3000:]
-  saved = _saved_steps(workdir)
-  assert len(saved) == 1 and 3 <= saved[0] < 500, saved
+    interrupted):
+  # When the metadata server starts answering TERMINATE_ON_HOST_MAINTENANCE each host's watcher
+  # raises the notice, JAX's sync manager agrees on one step, both save it and exit 0 (checked
+  # by _preempt as the session ended), and that step's eval is skipped.
+  workdir, (_, second, saved) = interrupted
   for i in (0, 1):
-    log = (workdir / 'logs' / f'process_{i}.log').read_text()
-    assert f'all processes saved step {saved[0]}' in log, log[-2000:]
-    assert 'TERMINATE_ON_HOST_MAINTENANCE' in log
-  assert sorted(p for p in os.listdir(workdir / 'checkpoints' / str(saved[0]) / 'data')
-                if p.startswith('process_')) == ['process_0', 'process_1']
+    assert 'TERMINATE_ON_HOST_MAINTENANCE' in (workdir / 'logs' / f'process_{i}.log').read_text()
   evals = eval_steps(str(workdir))
-  assert saved[0] not in evals and max(evals) == saved[0] - 1, (evals, saved)
-  print(f'maintenance event after step 3: both hosts saved step {saved[0]} (evals up to '
-        f'{max(evals)})')
+  assert min(evals) == second + 1 and saved not in evals and max(evals) == saved - 1, (
+      evals, saved)
+  print(f'maintenance event after step {second + 3}: both hosts saved step {saved} (evals up '
+        f'to {max(evals)})')
