@@ -1,7 +1,8 @@
 """A pod rehearsed with launch/local_pod.sh 2 (2 processes x 2 devices): every host agrees.
 
-A SIGTERM that reaches one process, or both at different times, makes both save the same step
-and exit 0, and the resumed run's losses equal an uninterrupted run's bit for bit. Another
+A SIGTERM that reaches one process, or both at different times, or a maintenance event both
+hosts' metadata servers announce, makes both save the same step and exit 0, and the resumed
+run's losses equal an uninterrupted run's bit for bit. Another
 process count on resume is refused with what to do, or, when allowed, carries the state over
 with a warning. Eval shares of unequal size end together, with exact metrics."""
 
