@@ -41,10 +41,11 @@ MARKERS = ['good', 'great', 'bad', 'awful', 'alice', 'bob', 'paris', 'rome', 'wh
            'to', '?', '.']
 
 
-def tiny_start(directory, tokenizer, seed=0):
-  """A random-init (HF's init) BERT-tiny saved by transformers, with our tokenizer's files."""
+def tiny_start(directory, tokenizer, seed=0, num_layers=2):
+  """A random-init (HF's init) BERT-tiny (`num_layers` of it) saved by transformers, with our
+  tokenizer's files."""
   torch.manual_seed(seed)
-  cfg = BertConfig.from_preset('tiny', vocab_size=tokenizer.vocab_size)
+  cfg = BertConfig.from_preset('tiny', vocab_size=tokenizer.vocab_size, num_layers=num_layers)
   hf_cfg = transformers.BertConfig(**{k: v for k, v in hf.config_to_hf(cfg).items()
                                       if k not in ('architectures', 'model_type')})
   transformers.BertForPreTraining(hf_cfg).save_pretrained(directory)
@@ -54,10 +55,13 @@ def tiny_start(directory, tokenizer, seed=0):
 
 @pytest.fixture(scope='module')
 def start_dir(tmp_path_factory):
+  """The start point of every run here: one layer of BERT-tiny (XLA compiles each run's
+  programs in ~20-35% less CPU than two; the tasks are learnable by one, and the export maps
+  every layer by the same code)."""
   d = tmp_path_factory.mktemp('start')
   vocab = d / 'vocab.txt'
   vocab.write_text('\n'.join(SPECIALS + FILLER + MARKERS) + '\n')
-  return tiny_start(d / 'hf', WordPieceTokenizer(str(vocab), do_lower_case=True))
+  return tiny_start(d / 'hf', WordPieceTokenizer(str(vocab), do_lower_case=True), num_layers=1)
 
 
 def sentences(rng, n, positive=('good', 'great'), negative=('bad', 'awful')):
@@ -425,39 +429,6 @@ def squad_json(rng, n, prefix):
   return json.dumps({'version': '1.1', 'data': [{'title': 't', 'paragraphs': paragraphs}]})
 
 
-def test_squad_spans(start_dir, tmp_path):
-  rng = random.Random(3)
-  for split, n in (('train', 96), ('dev', 24)):
-    (tmp_path / f'{split}.json').write_text(squad_json(rng, n, split))
-  workdir = str(tmp_path / 'run')
-  results = finetune.run(config('squad', start_dir, **{
-      'data.train_file': str(tmp_path / 'train.json'),
-      'data.dev_file': str(tmp_path / 'dev.json'), 'data.max_seq_length': 48,
-      'data.doc_stride': 16, 'data.max_query_length': 16}), workdir)
-  dev = results['splits']['dev']
-  assert dev['headline_metric'] == 'f1' and results['baseline_kind'] == 'no-answer'
-  assert dev['baseline']['exact_match'] == 0.0 and dev['baseline']['f1'] == 0.0
-  history = results['runs'][0]['history']
-  assert history[-1]['train_loss'] < history[0]['train_loss'] - 0.5, history
-  assert 0 <= results['runs'][0]['scores']['dev']['f1'] <= 1
-  # A checkpoint written when SQuAD scores were percentages (no scores_version) is refused,
-  # not compared with 0-1 scores.
-  ckpt = os.path.join(workdir, 'seed_0', 'checkpoints')
-  progress = os.path.join(ckpt, max(os.listdir(ckpt), key=int), 'progress', 'metadata')
-  saved = read_json(progress)
-  del saved['scores_version']
-  with open(progress, 'w') as f:
-    json.dump(saved, f)
-  with pytest.raises(ValueError, match='SQuAD scores were percentages.*new --workdir'):
-    finetune.run(config('squad', start_dir, **{
-        'data.train_file': str(tmp_path / 'train.json'),
-        'data.dev_file': str(tmp_path / 'dev.json'), 'data.max_seq_length': 48,
-        'data.doc_stride': 16, 'data.max_query_length': 16}), workdir)
-  export = os.path.join(workdir, 'hf_export')
-  export_matches_ours(export, transformers.AutoModelForQuestionAnswering,
-                      encode(export, ['who went to paris ?'], ['bob went to paris .'], 48))
-
-
 def test_glue_task_writes_leaderboard_predictions(start_dir, tmp_path):
   """SST-2's files in GLUE's layout: GLUE's metrics on dev, and the test split (no labels)
   predicted into the leaderboard's SST-2.tsv."""
@@ -548,8 +519,9 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
 
 def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
   """`MODULE=bert_jax.finetune launch/local_pod.sh 2` (2 processes x 2 devices) against one
-  process with 4 devices: the same train losses per epoch and the same dev and test scores.
-  Each process feeds its half of every global batch and predictions are gathered from both.
+  process (this one, its 8 devices: the process boundary is the pod's claim, not the
+  reference's): the same train losses per epoch and the same dev and test scores. Each
+  process feeds its half of every global batch and predictions are gathered from both.
   Dropout 0: the two layouts would draw other dropout masks."""
   from test_pod import _free_port  # pylint: disable=g-import-not-at-top
   files = classification_files(tmp_path)
@@ -560,10 +532,9 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
            '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
            '--config.export=False', '--config.model.hidden_dropout=0.0',
            '--config.model.attention_dropout=0.0']
-  env = cpu_env(4)
-  one = subprocess.run([sys.executable, '-m', 'bert_jax.finetune', f'--workdir={tmp_path / "one"}',
-                        *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-  assert one.returncode == 0, one.stderr[-3000:]
+  finetune.run(generic_config(files, start_dir, **{
+      'train.num_epochs': 2, 'export': False, 'model.hidden_dropout': 0.0,
+      'model.attention_dropout': 0.0}), str(tmp_path / 'one'))
   env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
              PORT=str(_free_port()))
   two = subprocess.run(['bash', 'launch/local_pod.sh', '2', f'--workdir={tmp_path / "two"}',
@@ -925,23 +896,32 @@ def test_swag_multiple_choice_learns_reports_chance_and_exports(start_dir, tmp_p
 # ----------------------------------------------------------------------------- SQuAD reporting
 
 
-def test_squad_test_file_is_scored_and_em_f1_are_on_every_line_and_in_results_md(
-    start_dir, tmp_path, capsys):
-  rng = random.Random(7)
+def test_squad_spans_learn_score_the_test_file_on_every_line_and_export(start_dir, tmp_path,
+                                                                         capsys):
+  """SQuAD v1.1 end to end: the span loss falls, dev and the test file are scored (the test
+  at the best epoch), F1 and EM are on every epoch line and in results.md, an old checkpoint
+  with percentage scores is refused, and the export gives our span logits in transformers."""
+  rng = random.Random(3)
   files = {}
-  for split, n in (('train', 48), ('dev', 16), ('test', 16)):
+  for split, n in (('train', 96), ('dev', 24), ('test', 16)):
     files[split] = tmp_path / f'{split}.json'
     files[split].write_text(squad_json(rng, n, split))
   workdir = tmp_path / 'run'
-  results = finetune.run(config('squad', start_dir, **{
+  squad_config = lambda: config('squad', start_dir, **{
       'data.train_file': str(files['train']), 'data.dev_file': str(files['dev']),
       'data.test_file': str(files['test']), 'data.max_seq_length': 48,
-      'data.max_query_length': 16, 'train.num_epochs': 2, 'export': False}), str(workdir))
+      'data.doc_stride': 16, 'data.max_query_length': 16})
+  results = finetune.run(squad_config(), str(workdir))
+  dev = results['splits']['dev']
+  assert dev['headline_metric'] == 'f1' and results['baseline_kind'] == 'no-answer'
+  assert dev['baseline']['exact_match'] == 0.0 and dev['baseline']['f1'] == 0.0
   test = results['splits']['test']
   assert test['role'] == 'test' and test['headline_metric'] == 'f1'
   assert test['baseline']['exact_match'] == test['baseline']['f1'] == 0.0
   run = results['runs'][0]
-  best = run['history'][run['best_epoch'] - 1]
+  history = run['history']
+  assert history[-1]['train_loss'] < history[0]['train_loss'] - 0.5, history
+  best = history[run['best_epoch'] - 1]
   assert run['scores']['test'] == best['scores']['test']  # scored at the best epoch
   for split in ('dev', 'test'):
     scores = run['scores'][split]
@@ -949,7 +929,7 @@ def test_squad_test_file_is_scored_and_em_f1_are_on_every_line_and_in_results_md
   # Every epoch line: F1 (the headline), its baseline, then EM; the best epoch's test too.
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith('seed 0 epoch ')]
-  assert len(lines) == 2, err[-3000:]
+  assert len(lines) == len(history) == 3, err[-3000:]
   number = r'[01]\.\d{4}'
   for line in lines:
     assert re.search(rf'dev f1={number} \(no-answer baseline 0\.0000\) exact_match={number}',
@@ -961,6 +941,20 @@ def test_squad_test_file_is_scored_and_em_f1_are_on_every_line_and_in_results_md
           in md), md
   assert '| no-answer baseline | | 0.0000 | 0.0000 | 0.0000 | 0.0000 |' in md, md
   assert f'| 0 | {run["best_epoch"]} | {run["scores"]["dev"]["f1"]:.4f} | ' in md
+
+  # A checkpoint written when SQuAD scores were percentages (no scores_version) is refused,
+  # not compared with 0-1 scores.
+  ckpt = os.path.join(workdir, 'seed_0', 'checkpoints')
+  progress = os.path.join(ckpt, max(os.listdir(ckpt), key=int), 'progress', 'metadata')
+  saved = read_json(progress)
+  del saved['scores_version']
+  with open(progress, 'w') as f:
+    json.dump(saved, f)
+  with pytest.raises(ValueError, match='SQuAD scores were percentages.*new --workdir'):
+    finetune.run(squad_config(), str(workdir))
+  export = os.path.join(workdir, 'hf_export')
+  export_matches_ours(export, transformers.AutoModelForQuestionAnswering,
+                      encode(export, ['who went to paris ?'], ['bob went to paris .'], 48))
 
 
 def test_squad_v2_task_decodes_with_the_tokenizers_casing_and_reports_best_thresholds(
