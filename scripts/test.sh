@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs the whole test suite (2 workers that steal each other's queued tests,
 # so neither finishes alone with the slow end-to-end ones), with XLA's CPU buffers kept mapped
-# between steps (bert_jax/training/host_malloc.py) as the CLIs run. From a clean clone with an
-# empty compilation cache on an idle 2-core AVX-512 VM: 35.8 minutes of pytest for 675 tests
-# (2026-11-27, first stop), then 48.1 minutes for 717 tests (second stop; the same tests ran
-# 1.3-1.7x slower than in the first run, so part is the VM); the target is 15 (the slowest are
-# the end-to-end pre-training, pod, GCS and resume runs: `--durations=30`).
+# between steps (bert_jax/training/host_malloc.py) as the CLIs run, and XLA's CPU optimisation
+# level 1 in every test process (tests/cpu_env.py). From a clean clone with an empty compilation
+# cache on an idle 2-core AVX-512 VM: 48.1 minutes of pytest for 717 tests (2026-11-27), then
+# 31.1 minutes for 716 (2026-11-28; 57 CPU-minutes); the target is 15. The slowest are the
+# pod, GCS, resume and ModernBERT end-to-end runs and the TPU AOT compiles (`--durations=30`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
