@@ -1,5 +1,6 @@
 """XLA's settings for every process the suite runs: the pytest workers (tests/conftest.py)
-and each CLI, pod or script a test starts (`cpu_env`).
+and each CLI, pod or script a test starts (`cpu_env`); and a free port for the coordinator of
+the processes a test starts together (`free_port`).
 
 XLA's CPU compiler at its default LLVM optimisation (2) spends ~13 s of CPU on a tiny BERT's
 train step and ~6 s on its initialiser; at level 1, ~10 s and ~4 s, and the step runs as fast
@@ -9,6 +10,7 @@ under the same settings (or against transformers to float32 round-off), so nothi
 asserts depends on the level. Users' runs keep XLA's defaults."""
 
 import os
+import socket
 
 FAST_COMPILE = '--xla_backend_optimization_level=1'
 
@@ -23,3 +25,10 @@ def cpu_env(devices: int = 1, base: dict | None = None, **extra: str) -> dict:
   only, `devices` emulated devices, the fast compile, and `extra`."""
   return dict(base if base is not None else os.environ, JAX_PLATFORMS='cpu',
               XLA_FLAGS=xla_flags(devices), **extra)
+
+
+def free_port() -> int:
+  """A localhost port nothing listens on: xdist may run two multi-process tests at once."""
+  with socket.socket() as sock:
+    sock.bind(('localhost', 0))
+    return sock.getsockname()[1]

@@ -8,7 +8,6 @@ import collections
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from bert_jax.training import batch_schedule
 from bert_jax.training.batch_schedule import BatchSchedule
 from input_pipeline.pretrain import dataset as data_lib
 from test_train import ROOT, config_with, logged_losses, overrides
-from cpu_env import cpu_env
+from cpu_env import cpu_env, free_port
 
 # 8 emulated devices (conftest): every size a multiple of 8. Sizes 8, 8, 16, 16, 24, 24, 32...
 WARMUP = {'train.global_batch_size': 32, 'train.batch_warmup_steps': 6,
@@ -182,9 +181,7 @@ def test_one_and_two_processes_train_on_the_same_global_rows_at_every_step(data,
   values = overrides(data, **{'data.eval_files': '', 'data.shuffle_buffer': 1, **WARMUP})
   script = tmp_path / 'two.py'
   script.write_text(TWO_PROCESS_SCRIPT)
-  with socket.socket() as sock:
-    sock.bind(('localhost', 0))
-    port = sock.getsockname()[1]
+  port = free_port()
   env = cpu_env(2, PYTHONPATH=ROOT, JAX_CPU_COLLECTIVES_IMPLEMENTATION='gloo')
   procs = [subprocess.Popen(
       [sys.executable, str(script), f'localhost:{port}', str(i), str(tmp_path / 'two.npz'),

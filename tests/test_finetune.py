@@ -31,7 +31,7 @@ from bert_jax.training.progress import LineProgress, progress_bar
 from configs import common, finetune as finetune_configs
 from input_pipeline.finetune import batching, registry, squad
 from input_pipeline.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
-from cpu_env import cpu_env
+from cpu_env import cpu_env, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
@@ -523,7 +523,6 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
   reference's): the same train losses per epoch and the same dev and test scores. Each
   process feeds its half of every global batch and predictions are gathered from both.
   Dropout 0: the two layouts would draw other dropout masks."""
-  from test_pod import _free_port  # pylint: disable=g-import-not-at-top
   files = classification_files(tmp_path)
   flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
            f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
@@ -536,7 +535,7 @@ def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
       'train.num_epochs': 2, 'export': False, 'model.hidden_dropout': 0.0,
       'model.attention_dropout': 0.0}), str(tmp_path / 'one'))
   env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
-             PORT=str(_free_port()))
+             PORT=str(free_port()))
   two = subprocess.run(['bash', 'launch/local_pod.sh', '2', f'--workdir={tmp_path / "two"}',
                         *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
@@ -556,7 +555,6 @@ def test_two_processes_agree_on_a_notice_that_arrives_at_the_end_of_a_seed(start
   end, test prediction and export, or seed 1's start, still to come): one preemption counter
   spans the seeds, so both hosts agree on a stop, save and exit 0. With a counter that
   restarted at every seed they never agreed and ran on until killed."""
-  from test_pod import _free_port  # pylint: disable=g-import-not-at-top
   files = classification_files(tmp_path)
   workdir = tmp_path / 'two'
   flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
@@ -565,7 +563,7 @@ def test_two_processes_agree_on_a_notice_that_arrives_at_the_end_of_a_seed(start
            '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
            '--config.train.log_every=1', '--config.seeds=2']
   env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
-             PORT=str(_free_port()), JAX_PLATFORMS='cpu')
+             PORT=str(free_port()), JAX_PLATFORMS='cpu')
   pod = subprocess.Popen(['bash', 'launch/local_pod.sh', '2', f'--workdir={workdir}', *flags],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)

@@ -9,7 +9,6 @@ Orbax's paths, TensorStore writes Orbax's arrays; on a pod the same code talks t
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 import gcs_server
-from cpu_env import cpu_env
+from cpu_env import cpu_env, free_port
 from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus
 
@@ -182,10 +181,8 @@ def gs_pod(gcs, data):
       'mesh': '(2,2,1)'}
   flags = [f'--config=configs/bert_tiny.py', f'--workdir={workdir}'] + [
       f'--config.{k}={v}' for k, v in values.items()]
-  with socket.socket() as sock:  # a free port: xdist may run this fixture in two workers
-    sock.bind(('localhost', 0))
-    port = sock.getsockname()[1]
-  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(port), JAX_PLATFORMS='cpu')
+  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(free_port()),
+             JAX_PLATFORMS='cpu')
   pod = subprocess.run(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=400)
   assert pod.returncode == 0, pod.stdout[-3000:] + pod.stderr[-3000:]

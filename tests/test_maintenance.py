@@ -3,12 +3,12 @@ checkpoint first, a pending eval skipped, exit 0; against a metadata server on l
 
 import json
 import os
-import socket
 import time
 
 import pytest
 
 from bert_jax.training import maintenance
+from cpu_env import free_port
 from metadata_server import MetadataServer
 from test_train import overrides, run_main, start_main, wait_for_step
 
@@ -76,12 +76,6 @@ def test_the_metadata_host_is_found_as_googles_libraries_find_it(monkeypatch):
 def eval_steps(workdir):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     return [r['step'] for r in map(json.loads, f) if any(k.startswith('eval/') for k in r)]
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.parametrize('coordinated', [False, True])

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from bert_jax.pretrain import run as train
 from bert_jax.training import maintenance
 from input_pipeline import tfrecord
 from input_pipeline.pretrain import dataset as data_lib
+from cpu_env import free_port
 from metadata_server import MetadataServer
 from test_maintenance import eval_steps
 from test_train import ROOT, config_with, logged_losses, main_command, overrides
@@ -54,15 +54,8 @@ def values(data, tmp_path_factory):
       'model.attention_dropout': 0.0, 'optimizer.schedule': 'constant'})
 
 
-def _free_port() -> int:
-  """A port no other pod uses: xdist may run this module's fixtures in two workers at once."""
-  with socket.socket() as sock:
-    sock.bind(('localhost', 0))
-    return sock.getsockname()[1]
-
-
 def _pod(workdir, values, port=None, env=None, extra_flags=()):
-  port = port or _free_port()
+  port = port or free_port()
   values = dict(values)
   mode = values.pop('mode', 'train')
   flags = main_command(str(workdir), values)[3:] + [f'--mode={mode}', *extra_flags]
