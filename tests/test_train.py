@@ -79,14 +79,26 @@ def wait_for_step(workdir, step, proc, timeout=300):
   raise AssertionError(f'step {step} not reached in {timeout}s')
 
 
+# The learning run, the mesh test and the scanned-to-unrolled init train bert_tiny's two
+# unrolled layers with a constant schedule (5 warmup steps, then a constant rate: the
+# schedule is no claim of theirs, and with it train.num_steps is not part of the compiled
+# step, so runs of other lengths share one program): on the default 8x1x1 mesh they run one
+# program, and on 2x2x2 test_sharding.py's; the suite's compilation cache serves them.
+SHARED = {'optimizer.schedule': 'constant'}
+# What the other resume, init and error tests train: one layer (their claims do not depend on
+# the depth, and an unrolled layer less is less XLA compile). All: no held-out eval (one
+# program less), unless the test's claim is about it.
+ONE_LAYER = {'model.num_layers': 1, 'data.eval_files': ''}
+
+
 @pytest.fixture(scope='module')
 def trained(data, tmp_path_factory):
   """One 40-step pre-training run (the default optimizer, unrolled layers, steps 3-5
   profiled): (workdir, result). Besides the learning test, the tests that only read a
   finished workdir share it: export, phase-2 init_from, a refused optimizer-state init."""
   workdir = tmp_path_factory.mktemp('trained')
-  values = overrides(data, steps=40, **{'train.profile_steps': '3,5',
-                                        'train.checkpoint_every': 20})
+  values = overrides(data, steps=40, **SHARED, **{'train.profile_steps': '3,5',
+                                                  'train.checkpoint_every': 20})
   return workdir, train.train_and_evaluate(config_with(values), str(workdir))
 
 
@@ -102,22 +114,16 @@ def test_tiny_learns_and_evaluates(trained):
   assert checkpointing.make_manager(str(workdir)).latest_step() == 40
 
 
-# What the resume, init and error tests below train: one layer (their claims do not depend on
-# the depth, and an unrolled layer less is less XLA compile) and no held-out eval (one
-# program less), unless the test's claim is about them.
-SMALL = {'model.num_layers': 1, 'data.eval_files': ''}
-
-
 def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
-  # A constant schedule, so that stopping at step 6 (num_steps=6) changes nothing else.
+  # The constant schedule: stopping at step 6 (num_steps=6) changes nothing else.
   run = lambda steps, mesh, name: train.train_and_evaluate(config_with(overrides(
-      data, steps=steps, mesh=mesh, **SMALL, **{'optimizer.schedule': 'constant'})),
+      data, steps=steps, mesh=mesh, **SHARED, **{'data.eval_files': ''})),
       str(tmp_path / name))
   # The reference and the first half share a mesh (and so one compiled program); the second
-  # half restores onto another one.
+  # half restores onto another one (the default, the learning run's).
   run(12, (2, 2, 2), 'ref')
   run(6, (2, 2, 2), 'moved')
-  run(12, (1, 8, 1), 'moved')
+  run(12, (8, 1, 1), 'moved')
   a, b = logged_losses(str(tmp_path / 'ref')), logged_losses(str(tmp_path / 'moved'))
   # Other meshes sum in other orders: equal to float32 round-off at the losses' scale.
   np.testing.assert_allclose([a[s] for s in range(7, 13)], [b[s] for s in range(7, 13)],
@@ -127,7 +133,7 @@ def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
   # A checkpoint every step: whichever step first goes non-finite is a checkpoint step, and
   # what is saved before it must still be finite.
-  config = config_with(overrides(data, steps=40, **SMALL, **{'optimizer.learning_rate': 1e12,
+  config = config_with(overrides(data, steps=40, **ONE_LAYER, **{'optimizer.learning_rate': 1e12,
                                                     'optimizer.warmup_steps': 0,
                                                     'optimizer.clip_norm': 0.0,
                                                     'train.checkpoint_every': 1}))
@@ -171,8 +177,11 @@ def test_main_reports_bad_input_without_a_traceback(data, tmp_path):
   assert out.returncode != 0
   assert "error: data files '/nope/train-*': no such file" in out.stderr
   assert 'Traceback' not in out.stderr
-  out = run_main(str(tmp_path), overrides(data, **{'mesh': '(3,1,1)'}))
-  assert out.returncode != 0 and 'config.mesh=[3, 1, 1] has 3 slots for 1 devices' in out.stderr
+  # A bad mesh raises the same kind of error (a ValueError) in the same call that main wraps
+  # (run_control.user_errors), and so reaches the CLI as the line above does: here in-process
+  # (the worker's 8 devices), which spares a ~8 s process.
+  with pytest.raises(ValueError, match=r'config.mesh=\[3, 1, 1\] has 3 slots for 8 devices'):
+    train.train_and_evaluate(config_with(overrides(data, mesh=(3, 1, 1))), str(tmp_path / 'm'))
 
 
 def test_export_errors_are_clear(tmp_path):
@@ -209,8 +218,8 @@ def _state_of(config, workdir=None):
 def test_lamb_phase2_carries_phase1_moments_with_a_fresh_step_count(data, tmp_path):
   # Both phases 4 steps of one schedule: phase 2 runs phase 1's compiled step.
   phase1, phase2 = str(tmp_path / 'p1'), str(tmp_path / 'p2')
-  train.train_and_evaluate(config_with(overrides(data, steps=4, **LAMB, **SMALL)), phase1)
-  config = config_with(overrides(data, steps=4, **LAMB, **SMALL, **{
+  train.train_and_evaluate(config_with(overrides(data, steps=4, **LAMB, **ONE_LAYER)), phase1)
+  config = config_with(overrides(data, steps=4, **LAMB, **ONE_LAYER, **{
       'train.init_from': phase1, 'train.init_opt_state_from': True}))
   state, saved = jax.device_get(_state_of(config)), jax.device_get(_state_of(config, phase1))
   adam, saved_adam = state.opt_state[1], saved.opt_state[1]
@@ -360,9 +369,8 @@ def scanned_phase1(data, tmp_path_factory):
 def test_init_from_a_scanned_workdir_into_an_unrolled_run(data, scanned_phase1, tmp_path):
   """Phase 1 scanned, phase 2 with model.scan_layers=False (the GPU advice): each unrolled
   layer_i is slice i of the stacked layers, everything else equal; then it trains."""
-  config = config_with(overrides(data, steps=2, **{'model.scan_layers': False,
-                                                   'data.eval_files': '',
-                                                   'train.init_from': scanned_phase1}))
+  config = config_with(overrides(data, steps=2, **SHARED, **{  # the learning run's program
+      'model.scan_layers': False, 'data.eval_files': '', 'train.init_from': scanned_phase1}))
   state = jax.device_get(train._initial_state(pretrain_step.setup(config)))
   step, saved = checkpointing.restore_params(scanned_phase1)
   assert step == 2 and int(state.step) == 0
