@@ -68,7 +68,10 @@ def toy_family():
       params_from_hf=_params_from_hf), replace=True)
 
 
-def _start(tmp_path) -> tuple[str, BertConfig, dict]:
+@pytest.fixture(scope='module')
+def toy_start(tmp_path_factory) -> tuple[str, BertConfig, dict]:
+  """One toy start point (its initialiser compiled once) for both tests: (path, cfg, params)."""
+  tmp_path = tmp_path_factory.mktemp('toy')
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join(SPECIALS + FILLER + ['good', 'great', 'bad', 'awful']) + '\n')
   tok = WordPieceTokenizer(str(vocab), do_lower_case=True)
@@ -78,9 +81,10 @@ def _start(tmp_path) -> tuple[str, BertConfig, dict]:
   return path, cfg, params
 
 
-def test_a_family_from_a_test_module_loads_as_itself(tmp_path):
-  path, cfg, params = _start(tmp_path)
-  stored = json.loads((tmp_path / 'toy_start' / 'config.json').read_text())
+def test_a_family_from_a_test_module_loads_as_itself(toy_start):
+  path, cfg, params = toy_start
+  with open(f'{path}/config.json') as f:
+    stored = json.load(f)
   assert stored['model_type'] == TOY and stored['toy_position_offset'] == OFFSET
   assert stored['architectures'] == ['ToyBertForPreTraining']
   start = start_points.load_start_point(path)
@@ -94,8 +98,8 @@ def test_a_family_from_a_test_module_loads_as_itself(tmp_path):
   assert float(np.max(np.abs(np.asarray(toy) - np.asarray(bert)))) > 1e-3
 
 
-def test_a_family_from_a_test_module_fine_tunes_and_exports(tmp_path):
-  path, _, _ = _start(tmp_path)
+def test_a_family_from_a_test_module_fine_tunes_and_exports(toy_start, tmp_path):
+  path, _, _ = toy_start
   rng = random.Random(0)
   files = {}
   for split, n in (('train', 128), ('dev', 32)):

@@ -3,6 +3,7 @@ classification (multi-seed, export parity with transformers), regression, CoNLL 
 SQuAD, SWAG multiple choice, exact resume, progress lines and bad-input errors."""
 
 import collections
+import contextlib
 import csv
 import io
 import json
@@ -393,15 +394,45 @@ def conll_text(rng, n):
   return '\n'.join(lines)
 
 
-def test_conll_token_tagging(start_dir, tmp_path):
+BUCKET_COMPARISON = {'train.stop_after_epoch': 1, 'export': False, 'data.length_buckets': 1}
+
+
+def bucketed_and_full(task, start, values, workdir):
+  """`task` run with its length buckets (the default, 4) and, for its first epoch (the same
+  schedule, so the same steps), with full-length rows only (`data.length_buckets=1`): the
+  results of both, and what the bucketed run wrote to stderr. Dropout 0: the two runs' row
+  lengths would draw other masks."""
+  values = dict(values, **{'model.hidden_dropout': 0.0, 'model.attention_dropout': 0.0})
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):  # the progress lines look sys.stderr up late
+    cut = finetune.run(config(task, start, **values), str(workdir / 'cut'))
+  full = finetune.run(config(task, start, **values, **BUCKET_COMPARISON), str(workdir / 'full'))
+  return cut, err.getvalue(), full
+
+
+def conll_files(d):
+  """CoNLL train (160 sentences: 10 steps of 16 an epoch), dev and test files in `d`."""
   rng = random.Random(2)
   files = {}
   for split, n in (('train', 160), ('dev', 32), ('test', 32)):
-    files[split] = tmp_path / f'{split}.txt'
+    files[split] = d / f'{split}.txt'
     files[split].write_text(conll_text(rng, n))
-  workdir = str(tmp_path / 'run')
-  results = finetune.run(config('conll', start_dir, **{
-      f'data.{s}_file': str(p) for s, p in files.items()}), workdir)
+  return files
+
+
+@pytest.fixture(scope='module')
+def conll_runs(start_dir, tmp_path_factory):
+  """CoNLL tagging, 3 epochs: (files, workdir of the bucketed run, its results, the
+  full-length run's results)."""
+  d = tmp_path_factory.mktemp('conll')
+  files = conll_files(d)
+  cut, _, full = bucketed_and_full('conll', start_dir, {
+      f'data.{s}_file': str(p) for s, p in files.items()}, d)
+  return files, d / 'cut', cut, full
+
+
+def test_conll_token_tagging(conll_runs):
+  files, workdir, results, _ = conll_runs
   dev = results['splits']['dev']
   assert dev['headline_metric'] == 'entity_f1' and results['baseline_kind'] == 'majority-tag'
   assert dev['baseline']['f1'] == 0.0  # all O: no entity found
@@ -431,17 +462,18 @@ def squad_json(rng, n, prefix):
 
 def test_glue_task_writes_leaderboard_predictions(start_dir, tmp_path):
   """SST-2's files in GLUE's layout: GLUE's metrics on dev, and the test split (no labels)
-  predicted into the leaderboard's SST-2.tsv."""
+  predicted into the leaderboard's SST-2.tsv. The first epoch of the classification runs'
+  schedule (192 rows, 3 epochs): their programs, loaded from the compilation cache."""
   rng = random.Random(4)
   glue_dir = tmp_path / 'SST-2'
   glue_dir.mkdir()
-  for split, n in (('train', 64), ('dev', 16)):
+  for split, n in (('train', 192), ('dev', 16)):
     write_table(glue_dir / f'{split}.tsv', [(t, int(p)) for t, p in sentences(rng, n)])
   test = [(i, t) for i, (t, _) in enumerate(sentences(rng, 20))]
   write_table(glue_dir / 'test.tsv', test, header=('index', 'sentence'))
   workdir = str(tmp_path / 'run')
   results = finetune.run(config('sst2', start_dir, **{
-      'data.glue_dir': str(glue_dir), 'train.num_epochs': 1}), workdir)
+      'data.glue_dir': str(glue_dir), 'train.stop_after_epoch': 1}), workdir)
   dev = results['runs'][0]['scores']['dev']
   assert set(dev) == {'accuracy', 'headline', 'score'}
   assert list(results['splits']) == ['dev']  # the unlabelled test split is predicted only
@@ -482,24 +514,27 @@ def test_progress_writes_whole_lines_when_not_a_terminal(monkeypatch):
 
 
 def run_cli(workdir, *args):
-  env = cpu_env()
+  env = cpu_env(devices=8)  # the workers' devices: the in-process runs' programs serve it
   cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}', *args]
   return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_dir, tmp_path):
+  """The command, on 8 devices with the classification runs' config for their first epoch
+  (their programs, from the compilation cache): whole progress lines, the report on stdout,
+  an unlabelled test file predicted; then a bad file named in one line, no traceback."""
   files = classification_files(tmp_path)
   unlabelled = write_table(tmp_path / 'unlabelled.tsv', [('good film',), ('awful plot',)],
                            header=('sentence',))
   out = run_cli(tmp_path / 'run', '--config=configs/finetune.py:generic', f'--init={start_dir}',
                 f'--config.data.train_file={files["train"]}',
                 f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={unlabelled}',
-                '--config.train.num_epochs=1',
-                '--config.data.max_seq_length=32', '--config.export=False',
-                '--config.model.dtype=bfloat16')
+                '--config.train.stop_after_epoch=1', '--config.train.global_batch_size=16',
+                '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
+                '--config.data.max_seq_length=32', '--config.export=False')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
-  assert 'seed 0: 6/6 step (100%)' in out.stderr
+  assert re.search(r'seed 0: 12/\d+ step \(\d+%\)', out.stderr), out.stderr[-3000:]
   # The log is the run's own lines: none of Orbax's INFO lines about every save and restore.
   assert 'orbax' not in out.stderr.lower() and len(out.stderr.splitlines()) < 40, out.stderr
   assert out.stdout.startswith('# generic from ') and '| majority-class baseline |' in out.stdout
@@ -517,37 +552,39 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
   assert 'Traceback' not in out.stderr
 
 
-def test_two_processes_fine_tune_exactly_as_one(start_dir, tmp_path):
+def pod_flags(files, start_dir) -> list[str]:
+  """The pod's flags for conll_runs' bucketed run (dropout 0, 3 epochs, no export)."""
+  return ['--config=configs/finetune.py:conll', f'--init={start_dir}',
+          f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
+          f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=3',
+          '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
+          '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
+          '--config.model.hidden_dropout=0.0', '--config.model.attention_dropout=0.0']
+
+
+def test_two_processes_fine_tune_exactly_as_one(start_dir, conll_runs, tmp_path):
   """`MODULE=bert_jax.finetune launch/local_pod.sh 2` (2 processes x 2 devices) against one
-  process (this one, its 8 devices: the process boundary is the pod's claim, not the
-  reference's): the same train losses per epoch and the same dev and test scores. Each
-  process feeds its half of every global batch and predictions are gathered from both.
-  Dropout 0: the two layouts would draw other dropout masks."""
-  files = classification_files(tmp_path)
-  flags = ['--config=configs/finetune.py:generic', f'--init={start_dir}',
-           f'--config.data.train_file={files["train"]}', f'--config.data.dev_file={files["dev"]}',
-           f'--config.data.test_file={files["test"]}', '--config.train.num_epochs=2',
-           '--config.data.max_seq_length=32', '--config.train.global_batch_size=16',
-           '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
-           '--config.export=False', '--config.model.hidden_dropout=0.0',
-           '--config.model.attention_dropout=0.0']
-  finetune.run(generic_config(files, start_dir, **{
-      'train.num_epochs': 2, 'export': False, 'model.hidden_dropout': 0.0,
-      'model.attention_dropout': 0.0}), str(tmp_path / 'one'))
+  process (test_conll_token_tagging's run in this one, on its 8 devices: the process boundary
+  is the pod's claim, not the reference's): the same train losses per epoch and the same dev
+  and test scores. Each process feeds its half of every global batch (cut to the length
+  bucket of the whole batch) and the token predictions are gathered from both. Dropout 0:
+  the two layouts would draw other dropout masks."""
+  files, _, one, _ = conll_runs
   env = dict(os.environ, MODULE='bert_jax.finetune', DEVICES='2', PYTHON=sys.executable,
              PORT=str(free_port()))
   two = subprocess.run(['bash', 'launch/local_pod.sh', '2', f'--workdir={tmp_path / "two"}',
-                        *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                        *pod_flags(files, start_dir), '--config.export=False'], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
   assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
-  assert '| majority-class baseline |' in two.stdout  # process 0's report
-  a, b = (read_json(tmp_path / d / 'results.json') for d in ('one', 'two'))
-  assert len(a['runs']) == len(b['runs']) == 1
-  ra, rb = a['runs'][0], b['runs'][0]
+  assert '| majority-tag baseline |' in two.stdout  # process 0's report
+  b = read_json(tmp_path / 'two' / 'results.json')
+  assert len(one['runs']) == len(b['runs']) == 1
+  ra, rb = one['runs'][0], b['runs'][0]
   # Equal to float32 round-off (the gradient all-reduce crosses processes: ~1e-8 observed).
   np.testing.assert_allclose([h['train_loss'] for h in rb['history']],
                              [h['train_loss'] for h in ra['history']], rtol=1e-5)
   assert rb['scores'] == ra['scores'] and rb['best_epoch'] == ra['best_epoch']
-  assert ra['scores']['dev']['accuracy'] >= 0.9  # it learnt: the comparison is not vacuous
+  assert ra['scores']['dev']['f1'] >= 0.8  # it learnt: the comparison is not vacuous
 
 
 def test_two_processes_agree_on_a_notice_that_arrives_at_the_end_of_a_seed(start_dir, tmp_path):
@@ -738,7 +775,7 @@ def pos_sentences(rng, n):
 def test_pos_tags_are_scored_by_token_accuracy_against_the_majority_tag(start_dir, tmp_path):
   """A 2-column POS file end to end: bare tags get token accuracy (no entity F1), and the
   baseline is the majority training tag's token accuracy; max_train_examples trains on the
-  first sentences only."""
+  first sentences only. In bfloat16 (`model.dtype`): it learns as well."""
   rng = random.Random(7)
   data, files = {}, {}
   for split, n in (('train', 200), ('dev', 32), ('test', 32)):
@@ -749,7 +786,8 @@ def test_pos_tags_are_scored_by_token_accuracy_against_the_majority_tag(start_di
   workdir = str(tmp_path / 'run')
   results = finetune.run(config('conll', start_dir, **{
       **{f'data.{s}_file': str(p) for s, p in files.items()},
-      'data.max_train_examples': 128, 'train.num_epochs': 2, 'export': False}), workdir)
+      'data.max_train_examples': 128, 'train.num_epochs': 2, 'export': False,
+      'model.dtype': 'bfloat16'}), workdir)
   counts = collections.Counter(t for s in data['train'][:128] for _, t in s)
   majority = min(counts, key=lambda t: (-counts[t], t))  # ties: the first label (sorted)
   for split in ('dev', 'test'):
@@ -1024,29 +1062,26 @@ def test_bucket_length_is_the_smallest_fixed_length_that_holds_the_longest_row()
 
 
 @pytest.mark.parametrize('task', ['conll', 'squad'])
-def test_length_buckets_train_and_predict_as_full_length_rows_do(task, start_dir, tmp_path):
+def test_length_buckets_train_and_predict_as_full_length_rows_do(task, request, start_dir,
+                                                                 tmp_path):
   """Short rows cut to their bucket give the full-length run's losses and scores (to float
   round-off: only padding, masked out of attention, is left out), tagging and span logits
-  included, which are padded back for decoding."""
-  rng = random.Random(5)
+  included, which are padded back for decoding. CoNLL: test_conll_token_tagging's run against
+  its first epoch with full-length rows."""
   if task == 'conll':
-    files = {s: tmp_path / f'{s}.txt' for s in ('train', 'dev')}
-    for (split, path), n in zip(files.items(), (64, 32)):
-      path.write_text(conll_text(rng, n))
+    *_, cut, full = request.getfixturevalue('conll_runs')
   else:
+    rng = random.Random(5)
     files = {s: tmp_path / f'{s}.json' for s in ('train', 'dev')}
     for (split, path), n in zip(files.items(), (48, 24)):
       path.write_text(squad_json(rng, n, split))
-  values = {f'data.{s}_file': str(p) for s, p in files.items()}
-  values.update({'train.num_epochs': 1, 'export': False, 'model.hidden_dropout': 0.0,
-                 'model.attention_dropout': 0.0})
-  if task == 'squad':
-    values.update({'data.max_seq_length': 64, 'data.doc_stride': 32,  # one window each,
-                   'data.max_query_length': 16})  # rows ending well before 64
-  full = finetune.run(config(task, start_dir, **values, **{'data.length_buckets': 1}),
-                      str(tmp_path / 'full'))
-  cut = finetune.run(config(task, start_dir, **values), str(tmp_path / 'cut'))
+    cut, _, full = bucketed_and_full('squad', start_dir, {
+        **{f'data.{s}_file': str(p) for s, p in files.items()}, 'train.num_epochs': 1,
+        'data.max_seq_length': 64, 'data.doc_stride': 32,  # one window each,
+        'data.max_query_length': 16}, tmp_path)  # rows ending well before 64
+  assert len(full['runs'][0]['history']) == 1
   a, b = full['runs'][0]['history'][0], cut['runs'][0]['history'][0]
+  assert a['step'] == b['step']
   np.testing.assert_allclose(b['train_loss'], a['train_loss'], rtol=1e-5)
   for k, v in a['scores']['dev'].items():
     if isinstance(v, float):

@@ -299,10 +299,11 @@ def test_a_tokenizer_without_a_mask_token_is_a_clear_error(tmp_path):
 
 
 def modernbert_start(directory, vocab_size=768):
-  """A tiny random ModernBertForMaskedLM saved by transformers, with ONLY a byte-level BPE
+  """A tiny random ModernBertForMaskedLM (one layer: its tests are about the tokenizer, and
+  each layer is compiled anew) saved by transformers, with ONLY a byte-level BPE
   tokenizer.json and tokenizer_config.json beside it."""
   torch.manual_seed(0)
-  cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=vocab_size, num_layers=2,
+  cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=vocab_size, num_layers=1,
                                local_window=16)
   hf_config = {k: v for k, v in hf_modern.config_to_hf(cfg).items()
                if k not in ('architectures', 'model_type')}
@@ -531,7 +532,7 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
            'data.train_files': records, 'data.eval_files': records, 'data.max_seq_length': 64,
            'data.max_predictions_per_seq': 20, 'data.dynamic_masking': True,
            'data.whole_word_masking': True, 'data.shuffle_buffer': 100,
-           'model.vocab_size': 768, 'model.num_layers': 2, 'model.local_window': 16,
+           'model.vocab_size': 768, 'model.num_layers': 1, 'model.local_window': 16,
            'train.num_steps': 2, 'train.eval_every': 2, 'train.eval_steps': 1,
            'train.global_batch_size': 8, 'train.log_every': 1, 'train.batch_warmup_steps': 0}
   workdir = tmp_path / 'continued'
@@ -564,7 +565,7 @@ def test_a_byte_level_bpe_directory_continues_pretraining_and_exports(layouts, t
   config.data.tokenizer = layouts['roberta']  # another byte-level BPE
   with pytest.raises(ValueError, match=r'is not the run\'s data.tokenizer='):
     start_points.pretraining_params(start_dir, BertConfig.from_preset(
-        'tiny', arch='modern', vocab_size=768, num_layers=2, local_window=16), data=config.data)
+        'tiny', arch='modern', vocab_size=768, num_layers=1, local_window=16), data=config.data)
 
 
 def test_a_start_point_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_path):

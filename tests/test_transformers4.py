@@ -66,9 +66,12 @@ def export(tmp, name: str, global_theta: float, local_theta: float):
                                local_window=16, global_rope_theta=global_theta,
                                local_rope_theta=local_theta)
   rng = np.random.default_rng(0)
+  # The thetas set no parameter: one initialiser (the phase-1 config's) serves every export.
+  initial = init_params(cfg.replace(global_rope_theta=10_000.0, local_rope_theta=10_000.0),
+                        jax.random.key(0))
   params = jax.tree_util.tree_map(
       lambda x: np.asarray(x) + np.float32(0.05) * rng.normal(size=x.shape).astype(np.float32),
-      init_params(cfg, jax.random.key(0)))
+      initial)
   return cfg, params, hf.save_pretrained(str(tmp / name), cfg, params)
 
 
