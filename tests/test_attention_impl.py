@@ -348,14 +348,18 @@ def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
 
 
 SPLASH_STEPS = {  # BERT-tiny with splash asked for (and the dropout it cannot do turned off),
-    # 2 rows a chip and the chunked MLM loss; ModernBERT-tiny as configured: auto, which is
-    # splash on TPU (global and local layers)
+    # 2 rows a chip (at 1 the compiled TFLOPs round to 0.000) and the chunked MLM loss;
+    # ModernBERT-tiny as configured (auto, which is
+    # splash on TPU: global and local layers) at 1 row a chip of 256 tokens: two 128-token
+    # blocks, so the local layer's window crosses a block edge (a libtpu compile here grows
+    # with the rows: ModernBERT-tiny's 4 rows a chip of 1,024 tokens cost ~4x as much)
     'bert': ('configs/bert_tiny.py', '--config.model.attention_impl=splash',
              '--config.model.attention_dropout=0', '--rows_per_chip=2',
              '--config.model.mlm_loss_chunk=8', '--config.model.num_layers=1'),
     # (BERT at one layer, ModernBERT-tiny's two: one global, one local; a TPU compile costs
     # ~8 s a layer here)
-    'modern': ('configs/modern.py:tiny,phase1',),
+    'modern': ('configs/modern.py:tiny,phase1', '--rows_per_chip=1',
+               '--config.data.max_seq_length=256', '--config.data.max_predictions_per_seq=77'),
 }
 
 
