@@ -153,11 +153,13 @@ def test_packed_rows_give_each_instance_its_solo_logits():
     ids[0, start:start + n], pos[0, start:start + n] = s, np.arange(n)
     seg[0, start + n // 2:start + n] = 1
     packed[0, start:start + n] = k + 1
+  # One random encoder (transformers' init, no compile) under each fresh head.
+  encoder = hf.params_from_hf(hf_reference.state_dict(hf_reference.torch_model(cfg)), cfg)
   for name in ('classification', 'token', 'span'):
     head = HEADS[name]
-    params = head_init(cfg, head, jax.random.key(1))
+    params = heads.with_encoder(encoder, cfg, head, jax.random.key(1))
     model = heads.build_model(cfg, head)
-    apply = jax.jit(model.apply)
+    apply = lambda *a, **k: jax.tree_util.tree_map(np.asarray, jax.jit(model.apply)(*a, **k))
     extra = {'next_sentence_positions': starts[None]} if head.task == heads.SEQUENCE else {}
     out = apply({'params': params}, ids, None, seg, position_ids=pos,
                       packed_segment_ids=packed, **extra)
