@@ -1,9 +1,19 @@
-"""Ahead-of-time compilation for a TPU topology: pre-training and fine-tuning steps, through
-`python -m bert_jax.aot` as a user runs it, with libtpu from .venv/libtpu (requirements-aot.txt,
-installed by scripts/setup_env.sh apart from the trainer's packages)."""
+"""Ahead-of-time compilation for a TPU topology: pre-training and fine-tuning steps, with libtpu
+from .venv/libtpu (requirements-aot.txt, installed by scripts/setup_env.sh apart from the
+trainer's packages).
 
+Each libtpu process costs seconds of imports and TPU set-up before its first compile, so one
+process (`compiled`, run by this file's __main__) compiles every step the tests below check:
+the pre-training step through `bert_jax.aot`'s command-line entry point exactly as
+`python -m bert_jax.aot ARGS` runs it (its flags, its JSON on stdout), then the fine-tuning
+steps and the one that cannot fit through `aot_compile.compile_for`, the library function that
+command calls with the parsed config."""
+
+import contextlib
+import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -16,49 +26,98 @@ from bert_jax.model.encoder import BertConfig
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBTPU = os.path.join(ROOT, '.venv', 'libtpu')
 
+# The pre-training step as a user compiles it. A libtpu compile here costs ~10 s at one layer
+# and 8 rows of 32 tokens, ~25 s at BERT-tiny's 32 rows of 128: one layer, small rows.
+SMALL_ROWS = {'train.global_batch_size': 8, 'data.max_seq_length': 32}
+CLI_ARGS = ('--config=configs/bert_tiny.py', '--topology=v4:2x2x1', '--config.model.num_layers=1',
+            '--config.data.max_predictions_per_seq=5',
+            *(f'--config.{k}={v}' for k, v in SMALL_ROWS.items()))
+# The fine-tuning kinds whose batch schemas differ most from pre-training's (start/end
+# positions; a [B, 4, S] choice axis; per-token labels and weights [B, S]); classification
+# compiles by the same path. Each from the start point's config.json alone.
+FINE_TUNING = ('squad', 'swag', 'conll')
 
-def aot_process(*args: str) -> subprocess.CompletedProcess:
-  """`python -m bert_jax.aot ARGS` with libtpu importable; several may compile at once."""
+
+def aot_env() -> dict:
   if not os.path.isdir(os.path.join(LIBTPU, 'libtpu')):
     pytest.fail(f'{LIBTPU}: no libtpu; run bash scripts/setup_env.sh (requirements-aot.txt)')
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([LIBTPU, ROOT]), XLA_FLAGS='',
-             TPU_WORKER_HOSTNAMES='localhost', TPU_ACCELERATOR_TYPE='v4-8',
-             ALLOW_MULTIPLE_LIBTPU_LOAD='1')
-  return subprocess.run([sys.executable, '-m', 'bert_jax.aot', *args], cwd=ROOT, env=env,
+  return dict(os.environ, PYTHONPATH=os.pathsep.join([LIBTPU, ROOT]), XLA_FLAGS='',
+              TPU_WORKER_HOSTNAMES='localhost', TPU_ACCELERATOR_TYPE='v4-8',
+              ALLOW_MULTIPLE_LIBTPU_LOAD='1')
+
+
+def aot_process(*args: str) -> subprocess.CompletedProcess:
+  """`python -m bert_jax.aot ARGS` with libtpu importable."""
+  return subprocess.run([sys.executable, '-m', 'bert_jax.aot', *args], cwd=ROOT, env=aot_env(),
                         capture_output=True, text=True, timeout=300)
 
 
-def run_aot(*args: str) -> dict:
-  out = aot_process(*args)
+def compile_all(start_point: str) -> dict:
+  """(In the libtpu process.) The CLI's report for CLI_ARGS, then compile_for's for each
+  fine-tuning task from `start_point` and for a ModernBERT step too large for a v4 chip."""
+  out = io.StringIO()
+  sys.argv = ['bert_jax.aot', *CLI_ARGS]
+  with contextlib.redirect_stdout(out):
+    try:
+      runpy.run_module('bert_jax.aot', run_name='__main__', alter_sys=True)
+    except SystemExit as e:  # absl's app.run exits; 0 (or None) when main returned
+      assert not e.code, e.code
+  stdout = out.getvalue()
+  results = {'cli': json.loads(stdout[stdout.index('{'):])}
+  # pylint: disable=g-import-not-at-top
+  from configs import finetune, modern
+  devices = aot_compile.topology_devices('v4:2x2x1')
+  for task in FINE_TUNING:
+    config = finetune.get_config(task)
+    config.init = start_point
+    config.update_from_flattened_dict(SMALL_ROWS)
+    results[task] = aot_compile.compile_for(config, devices)
+  config = modern.get_config('tiny,phase2')
+  config.train.global_batch_size = 2048  # (refused before the expensive passes: ~6 s)
+  results['too_large'] = aot_compile.compile_for(config, devices)
+  return results
+
+
+@pytest.fixture(scope='module')
+def compiled(tmp_path_factory) -> dict:
+  """Every step's report, from one libtpu process. The start point: BERT-tiny at one layer
+  (a TPU compile costs ~8 s a layer here) with BERT's vocabulary, so what a chip holds stays
+  above the report's 0.01 GiB resolution; only its config.json exists."""
+  start = tmp_path_factory.mktemp('start_point')
+  cfg = BertConfig.from_preset('tiny', num_layers=1)
+  (start / 'config.json').write_text(json.dumps(hf.config_to_hf(cfg)))
+  out = subprocess.run([sys.executable, os.path.abspath(__file__), str(start)], cwd=ROOT,
+                       env=aot_env(), capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout[out.stdout.index('{'):])
+  return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_tiny_pretraining_step_compiles_for_a_small_v4_slice_and_fits():
-  result = run_aot('--config=configs/bert_tiny.py', '--topology=v4:2x2x1',
-                   '--config.model.num_layers=1')  # a TPU compile: ~8 s a layer
+def test_tiny_pretraining_step_compiles_for_a_small_v4_slice_and_fits(compiled):
+  """Through the command's own entry point and flags (`python -m bert_jax.aot`)."""
+  result = compiled['cli']
+  assert result['topology'] == 'v4:2x2x1'
   assert result['device_kind'].startswith('TPU v4') and result['chips'] == 4
   assert result['objective'] == 'pretraining (nsp)' and result['mesh']['data'] == 4
+  assert result['global_batch'] == 8 and result['seq_len'] == 32  # the overrides took
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
 
 
-# The kinds whose batch schemas differ most from pre-training's (start/end positions; a
-# [B, 4, S] choice axis); classification and tagging compile by the same path.
 @pytest.mark.parametrize('task,objective,batch,length', [
-    ('squad', 'fine-tuning (span)', 32, 384), ('swag', 'fine-tuning (multiple_choice)', 16, 128)])
+    ('squad', 'fine-tuning (span)', 32, 384), ('swag', 'fine-tuning (multiple_choice)', 16, 128),
+    ('conll', 'fine-tuning (tagging)', 32, 128)])
 def test_fine_tuning_step_compiles_for_v4_from_the_start_points_config_alone(
-    tmp_path, task, objective, batch, length):
+    compiled, task, objective, batch, length):
   """Only the start point's config.json exists: the shapes come from it, no weights are
-  read; the task's head, loss and batch schema (per-token labels for tagging, [B, 4, S]
-  choices for SWAG) come from its kind."""
-  # One layer (a TPU compile costs ~8 s a layer here), BERT's vocabulary: what a chip holds
-  # stays above the report's 0.01 GiB resolution.
-  cfg = BertConfig.from_preset('tiny', num_layers=1)
-  (tmp_path / 'config.json').write_text(json.dumps(hf.config_to_hf(cfg)))
-  result = run_aot(f'--config=configs/finetune.py:{task}', f'--config.init={tmp_path}',
-                   '--topology=v4:2x2x1')
+  read; the task's head, loss and batch schema (start/end positions for SQuAD, [B, 4, S]
+  choices for SWAG, per-token labels and weights [B, S] for CoNLL tagging) come from its
+  kind. Compiled at SMALL_ROWS (the report gives the compiled config's batch and length); the
+  task's own batch and row length are its config's."""
+  from configs import finetune  # pylint: disable=g-import-not-at-top
+  defaults = finetune.get_config(task)
+  assert (defaults.train.global_batch_size, defaults.data.max_seq_length) == (batch, length)
+  result = compiled[task]
   assert result['objective'] == objective and result['chips'] == 4
-  assert result['global_batch'] == batch and result['seq_len'] == length
+  assert result['global_batch'] == 8 and result['seq_len'] == 32
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
 
 
@@ -73,9 +132,9 @@ def test_hbm_table():
   assert aot_compile.hbm_bytes('cpu') is None
 
 
-def test_a_step_that_cannot_fit_is_reported_not_a_traceback():
-  result = run_aot('--config=configs/modern.py:tiny,phase2', '--topology=v4:2x2x1',
-                   '--config.train.global_batch_size=2048')
+def test_a_step_that_cannot_fit_is_reported_not_a_traceback(compiled):
+  """ModernBERT-tiny phase 2 at a global batch of 2,048 on v4:2x2x1."""
+  result = compiled['too_large']
   assert result['fits'] is False and result['temporaries_gib'] > 32, result
   assert 'RESOURCE_EXHAUSTED' in result['error'] and 'remat_policy' in result['hint']
 
@@ -115,14 +174,5 @@ def modern_config():
   return modern.get_config('tiny,phase1')
 
 
-def test_token_tagging_step_compiles_for_v4_from_the_start_points_config_alone(tmp_path):
-  """CoNLL tagging (configs/finetune.py:conll), the schema with per-token labels and weights
-  [B, S] and a head on every position, from a start point's config.json alone, as the span
-  and multiple-choice kinds above."""
-  cfg = BertConfig.from_preset('tiny', vocab_size=1000, num_layers=1)  # TPU: ~8 s a layer
-  (tmp_path / 'config.json').write_text(json.dumps(hf.config_to_hf(cfg)))
-  result = run_aot('--config=configs/finetune.py:conll', f'--config.init={tmp_path}',
-                   '--topology=v4:2x2x1')
-  assert result['objective'] == 'fine-tuning (tagging)' and result['chips'] == 4
-  assert result['global_batch'] == 32 and result['seq_len'] == 128
-  assert result['fits'] and 0 < result['per_chip_gib'] < 1
+if __name__ == '__main__':  # the libtpu process of `compiled`
+  print(json.dumps(compile_all(sys.argv[1])))

@@ -204,7 +204,8 @@ def test_whole_tiny_model_loss_and_gradients_equal(arch, packed, scan):
     c = cfg.replace(attention_impl=impl)
     results[impl] = jax.jit(jax.value_and_grad(lambda p: model_loss(c, p, batch)))(params)
   (lx, gx), (ls, gs) = results['xla'], results['splash']
-  grad_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+  gx, gs = jax.tree_util.tree_map(np.asarray, (gx, gs))  # compared in numpy: no eager ops
+  grad_diff = max(float(np.max(np.abs(a - b))) for a, b in
                   zip(jax.tree_util.tree_leaves(gx), jax.tree_util.tree_leaves(gs)))
   print(f'{arch}: loss {float(lx):.6f} vs {float(ls):.6f}, grads max abs diff {grad_diff:.2e}')
   assert abs(float(lx) - float(ls)) <= 1e-5 and grad_diff <= 1e-5
@@ -348,14 +349,18 @@ def aot(*args, libtpu=True, dump=None) -> subprocess.Popen:
 
 
 SPLASH_STEPS = {  # BERT-tiny with splash asked for (and the dropout it cannot do turned off),
-    # 2 rows a chip and the chunked MLM loss; ModernBERT-tiny as configured: auto, which is
-    # splash on TPU (global and local layers)
+    # 2 rows a chip (at 1 the compiled TFLOPs round to 0.000) and the chunked MLM loss;
+    # ModernBERT-tiny as configured (auto, which is
+    # splash on TPU: global and local layers) at 1 row a chip of 256 tokens: two 128-token
+    # blocks, so the local layer's window crosses a block edge (a libtpu compile here grows
+    # with the rows: ModernBERT-tiny's 4 rows a chip of 1,024 tokens cost ~4x as much)
     'bert': ('configs/bert_tiny.py', '--config.model.attention_impl=splash',
              '--config.model.attention_dropout=0', '--rows_per_chip=2',
              '--config.model.mlm_loss_chunk=8', '--config.model.num_layers=1'),
     # (BERT at one layer, ModernBERT-tiny's two: one global, one local; a TPU compile costs
     # ~8 s a layer here)
-    'modern': ('configs/modern.py:tiny,phase1',),
+    'modern': ('configs/modern.py:tiny,phase1', '--rows_per_chip=1',
+               '--config.data.max_seq_length=256', '--config.data.max_predictions_per_seq=77'),
 }
 
 

@@ -8,6 +8,7 @@ agree to float32 round-off of the activations, whose scale is ~1 after every Lay
 bit for bit; the bound is that round-off, floored at the activations' scale.
 """
 
+import functools
 import os
 
 import jax
@@ -26,6 +27,19 @@ from input_pipeline.tokenizer import WordPieceTokenizer
 
 # Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
 head_init = jax.jit(heads.init_params, static_argnums=(0, 1))
+
+
+@functools.cache
+def random_encoder(cfg: BertConfig) -> dict:
+  """`cfg`'s encoder (embeddings, layers, pooler) as transformers initialises it: no XLA
+  compile, where heads.init_params compiles once per (config, head)."""
+  return hf.params_from_hf(hf_reference.state_dict(hf_reference.torch_model(cfg)), cfg)
+
+
+def fresh(cfg: BertConfig, head: heads.Head, seed: int) -> dict:
+  """A model's params for tests that read its outputs, not its init: random_encoder(cfg)
+  under a fresh `head` (heads.with_encoder, the fine-tuning start from an encoder)."""
+  return heads.with_encoder(random_encoder(cfg), cfg, head, jax.random.key(seed))
 
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'bert_uncased_vocab.txt')
 CONFIGS = {
@@ -155,9 +169,9 @@ def test_packed_rows_give_each_instance_its_solo_logits():
     packed[0, start:start + n] = k + 1
   for name in ('classification', 'token', 'span'):
     head = HEADS[name]
-    params = head_init(cfg, head, jax.random.key(1))
+    params = fresh(cfg, head, 1)
     model = heads.build_model(cfg, head)
-    apply = jax.jit(model.apply)
+    apply = lambda *a, **k: jax.tree_util.tree_map(np.asarray, jax.jit(model.apply)(*a, **k))
     extra = {'next_sentence_positions': starts[None]} if head.task == heads.SEQUENCE else {}
     out = apply({'params': params}, ids, None, seg, position_ids=pos,
                       packed_segment_ids=packed, **extra)
@@ -184,7 +198,7 @@ def test_bfloat16_compute_gives_float32_logits_near_float32():
   batch = hf_reference.random_batch(cfg)
   for name in ('classification', 'token', 'span'):
     head = HEADS[name]
-    params = head_init(cfg, head, jax.random.key(2))
+    params = fresh(cfg, head, 2)
     full = our_logits(cfg, head, params, batch)
     half = our_logits(cfg.replace(dtype='bfloat16'), head, params, batch)
     for key in full:
@@ -196,7 +210,7 @@ def test_bfloat16_compute_gives_float32_logits_near_float32():
 def test_dropout_applies_only_in_training():
   cfg = CONFIGS['tiny']
   head = HEADS['classification']
-  params = head_init(cfg, head, jax.random.key(3))
+  params = fresh(cfg, head, 3)
   batch = hf_reference.random_batch(cfg)
   model = heads.build_model(cfg, head)
   args = (batch['input_ids'], batch['input_mask'], batch['segment_ids'])
@@ -216,7 +230,7 @@ def test_heads_shard_over_a_data_fsdp_tensor_mesh():
   batch = hf_reference.random_batch(cfg, batch=4)
   for name in ('classification', 'token', 'span'):
     head = HEADS[name]
-    params = head_init(cfg, head, jax.random.key(4))
+    params = fresh(cfg, head, 4)
     specs = heads.logical_param_specs(cfg, head)
     shardings = shd.logical_to_sharding(specs, mesh, rules, params)
     sharded = jax.device_put(params, shardings)
@@ -235,7 +249,7 @@ def test_heads_shard_over_a_data_fsdp_tensor_mesh():
 @pytest.mark.parametrize('name', list(HEADS))
 def test_export_loads_in_auto_model_with_labels_and_same_logits(tmp_path, name):
   cfg, head = CONFIGS['tiny'], HEADS[name]
-  params = head_init(cfg, head, jax.random.key(6))
+  params = fresh(cfg, head, 6)
   leaves, treedef = jax.tree_util.tree_flatten(params)
   rng = np.random.default_rng(0)  # non-trivial LayerNorms and biases: no mis-map can hide
   params = jax.tree_util.tree_unflatten(
@@ -271,7 +285,7 @@ def test_export_loads_in_auto_model_with_labels_and_same_logits(tmp_path, name):
 
 def test_export_refuses_to_overwrite_and_keeps_the_old_one(tmp_path):
   cfg, head = CONFIGS['tiny'], HEADS['token']
-  params = head_init(cfg, head, jax.random.key(7))
+  params = fresh(cfg, head, 7)
   path = hf_heads.save_finetuned(str(tmp_path / 'out'), cfg, head, params)
   with pytest.raises(FileExistsError, match='overwrite=True'):
     hf_heads.save_finetuned(path, cfg, head, params)
@@ -300,7 +314,7 @@ def test_head_validation_errors_say_what_to_fix():
   with pytest.raises(ValueError, match='problem_type'):
     heads.Head(heads.TOKEN, 3, problem_type='regression')
   cfg, head = CONFIGS['tiny'], HEADS['classification']
-  state = hf_heads.finetuned_to_hf(head_init(cfg, head, jax.random.key(0)), cfg, head)
+  state = hf_heads.finetuned_to_hf(fresh(cfg, head, 0), cfg, head)
   with pytest.raises(hf.CheckpointError, match=r'classifier.weight has shape \(3, 128\).*id2label'):
     hf_heads.finetuned_from_hf(state, cfg, heads.Head(heads.SEQUENCE, 4))
   with pytest.raises(hf.CheckpointError, match='no qa_outputs.weight'):
@@ -357,7 +371,7 @@ def test_multiple_choice_logits_and_loss_match_hf_pytorch(size):
 def test_multiple_choice_scores_each_choice_alone():
   """A choice's score does not depend on the other choices of its row, nor on their order."""
   cfg = CONFIGS['tiny']
-  params = head_init(cfg, MC, jax.random.key(8))
+  params = fresh(cfg, MC, 8)
   batch = choice_batch(cfg, questions=1, choices=3, seed=2)
   model = heads.build_model(cfg, MC)
   args = lambda b: (b['input_ids'], b['input_mask'], b['segment_ids'])
@@ -378,7 +392,7 @@ def test_multiple_choice_export_and_hf_start_point_keep_the_classifier(tmp_path)
   a BertForMultipleChoice saved by transformers itself (config.json with HF's default two
   labels) is a start point whose classifier comes along as the multiple-choice head."""
   cfg = CONFIGS['tiny']
-  params = head_init(cfg, MC, jax.random.key(9))
+  params = fresh(cfg, MC, 9)
   leaves, treedef = jax.tree_util.tree_flatten(params)
   rng = np.random.default_rng(1)
   params = jax.tree_util.tree_unflatten(
@@ -422,8 +436,7 @@ def test_multiple_choice_head_validation():
   with pytest.raises(ValueError, match='no label names'):
     heads.Head(heads.MULTIPLE_CHOICE, labels=('a',))
   cfg = CONFIGS['tiny']
-  state = hf_heads.finetuned_to_hf(head_init(cfg, HEADS['classification'],
-                                                     jax.random.key(0)), cfg,
+  state = hf_heads.finetuned_to_hf(fresh(cfg, HEADS['classification'], 0), cfg,
                                    HEADS['classification'])
   with pytest.raises(hf.CheckpointError, match=r'needs \(1, 128\); every BertForMultipleChoice'):
     hf_heads.finetuned_from_hf(state, cfg, MC)
