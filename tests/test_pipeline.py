@@ -90,12 +90,12 @@ def test_tfds_corpus_through_tfds_own_mock_data(docs, tmp_path):
 
 def test_huge_line_and_one_sentence_documents(tmp_path):
   path = tmp_path / 'odd.txt'
-  huge = ' '.join(['word'] * 2_000_000) + '.'  # one 10 MB line
+  huge = ' '.join(['word'] * 200_000) + '.'  # one 1 MB line, 10 windows of the job's 100k chars
   path.write_text('Alone here.\n\nAlso alone.\n\n' + huge + '\nAfter it.\n\nLast one.\n')
   docs = list(corpus.read_text_files(str(path)))
   assert [len(d) for d in docs] == [1, 1, 2, 1]
   job = cpd.Job(output_file=str(tmp_path / 'odd'), masking=MaskingConfig(), vocab_file=VOCAB,
-                input_file=str(path), dupe_factor=3)
+                input_file=str(path), dupe_factor=3, window_chars=100_000)
   stats = cpd.run(job)
   assert stats['instances'] >= 12  # every document serves, one-sentence ones too
   assert stats['truncation_rate'] > 0
