@@ -65,13 +65,16 @@ def compile_all(start_point: str) -> dict:
   stdout = out.getvalue()
   results = {'cli': json.loads(stdout[stdout.index('{'):])}
   # pylint: disable=g-import-not-at-top
-  from configs import finetune, modern
+  from configs import electra, finetune, modern
   devices = aot_compile.topology_devices('v4:2x2x1')
   for task in FINE_TUNING:
     config = finetune.get_config(task)
     config.init = start_point
     config.update_from_flattened_dict(SMALL_ROWS)
     results[task] = aot_compile.compile_for(config, devices)
+  config = electra.get_config('small')  # the paper's shape: 128-wide tables, generator 1/4
+  config.update_from_flattened_dict({**SMALL_ROWS, 'data.max_predictions_per_seq': 5})
+  results['rtd'] = aot_compile.compile_for(config, devices)
   config = modern.get_config('tiny,phase2')
   config.train.global_batch_size = 2048  # (refused before the expensive passes: ~6 s)
   results['too_large'] = aot_compile.compile_for(config, devices)
@@ -119,6 +122,16 @@ def test_fine_tuning_step_compiles_for_v4_from_the_start_points_config_alone(
   assert result['objective'] == objective and result['chips'] == 4
   assert result['global_batch'] == 8 and result['seq_len'] == 32
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
+
+
+def test_electra_small_rtd_step_compiles_for_v4_and_fits(compiled):
+  """configs/electra.py:small's replaced-token detection step (the discriminator, its MLM
+  generator and the shared embedding tables in one step) through `compile_for`, at SMALL_ROWS."""
+  result = compiled['rtd']
+  assert result['objective'] == 'replaced-token detection (tied)', result
+  assert result['chips'] == 4 and result['mesh']['data'] == 4
+  assert result['global_batch'] == 8 and result['seq_len'] == 32
+  assert result['fits'] and 0 < result['per_chip_gib'] < 1 and result['model_tflops_per_step'] > 0
 
 
 def test_fine_tuning_without_a_start_point_says_what_to_pass():
