@@ -67,13 +67,29 @@ def data_process_count(workdir: str, step: int) -> int | None:
   return sum(1 for p in fs.listdir(directory) if fs.basename(p).startswith('process_'))
 
 
+class _Manager(ocp.CheckpointManager):
+  """Orbax's manager without its own preemption check.
+
+  `CheckpointManager.save` asks `reached_preemption(step)` on every save, even a forced one,
+  only to log it. That calls JAX's `reached_preemption_sync_point` with the training step,
+  but JAX keeps one call counter per process, and run_control.PreemptionFlag feeds it a
+  job-wide count of its own. A save's step in that sequence can move the agreed stop point
+  below where every host's count already is. Fine-tuning with epoch-end saves then ignored a
+  notice on a non-chief host (tests/test_finetune.py, the notice at the end of a seed).
+  Our loops decide when to stop and save; this manager never consults the sync point."""
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 def make_manager(workdir: str, *, max_to_keep: int = 3, keep_period: int | None = None,
                  async_save: bool = True) -> ocp.CheckpointManager:
   """The checkpoint manager of a run (pre-training) or of one fine-tuning seed's directory."""
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, keep_period=keep_period or None, create=True,
       enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(
+  return _Manager(
       checkpoint_dir(workdir), options=options,
       item_handlers={'state': ocp.StandardCheckpointHandler(), 'data': DataIteratorHandler(),
                      'progress': ocp.JsonCheckpointHandler()})
