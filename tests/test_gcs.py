@@ -4,6 +4,7 @@ Nothing of ours is mocked: the commands a user runs on a pod (data creation, tra
 resume, export) run as subprocesses on gs:// paths, and find the server the way every Google
 client library does, through STORAGE_EMULATOR_HOST. gcsfs serves our file-system layer and
 Orbax's paths, TensorStore writes Orbax's arrays; on a pod the same code talks to GCS itself.
+A pod's processes sharing a gs:// workdir: tests/test_pod.py (its uninterrupted run).
 """
 
 import json
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 import gcs_server
-from cpu_env import cpu_env, free_port
+from cpu_env import cpu_env
 from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus
 
@@ -171,71 +172,3 @@ def test_data_creation_names_a_missing_bucket(gcs, tmp_path):
                 input_file=str(tmp_path / 'a.txt'))
   with pytest.raises(OSError, match='gs://no-such-bucket.*cannot write.*check the bucket name'):
     cpd.run(job)
-
-
-@pytest.fixture(scope='module')
-def gs_pod(gcs, data):
-  """launch/local_pod.sh 2 with the workdir and data.vocab_file on gs:// (docs/pods.md's pod
-  recipe; the records stay local): 6 steps, checkpoints at 4 and 6. (workdir, vocab path)."""
-  vocab, workdir = f'{BUCKET}/pod/vocab.txt', f'{BUCKET}/pod/run'
-  fs.write_text(vocab, (data / 'vocab.txt').read_text())
-  values = {
-      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
-      'data.vocab_file': vocab, 'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10,
-      'data.shuffle_buffer': 100, 'train.num_steps': 6, 'train.global_batch_size': 8,
-      'train.log_every': 1, 'train.checkpoint_every': 4, 'optimizer.warmup_steps': 1,
-      'mesh': '(2,2,1)'}
-  flags = [f'--config=configs/bert_tiny.py', f'--workdir={workdir}'] + [
-      f'--config.{k}={v}' for k, v in values.items()]
-  env = dict(os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(free_port()),
-             JAX_PLATFORMS='cpu')
-  pod = subprocess.run(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=400)
-  assert pod.returncode == 0, pod.stdout[-3000:] + pod.stderr[-3000:]
-  return workdir, vocab
-
-
-def test_two_processes_share_a_gs_workdir(gs_pod):
-  """A multi-host run's one shared directory: both processes write their Orbax shards and their
-  data-iterator state into the same gs:// step directories, and their logs land there too."""
-  workdir, _ = gs_pod
-  assert sorted(losses(workdir)) == list(range(1, 7))
-  for step in (4, 6):
-    for i in (0, 1):
-      assert fs.exists(f'{workdir}/checkpoints/{step}/data/process_{i}/it.index'), (step, i)
-  assert {'process_0.log', 'process_1.log'} <= set(fs.listdir(f'{workdir}/logs'))
-
-
-def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(gs_pod, data):
-  """docs/pods.md's pod recipe keeps the workdir and data.vocab_file on gs://: such a workdir
-  (the pod's above) is a fine-tuning start point (`load_start_point`) and a `train.init_from`
-  one, whose vocabulary is compared by content with the run's (here a local copy of the same
-  file)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
-  from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
-  from bert_jax.convert import start_points
-  from bert_jax.pretrain import run as train
-  from configs import bert_tiny, common  # pylint: disable=g-import-not-at-top
-  workdir, vocab = gs_pod
-  start = start_points.load_start_point(workdir)
-  step, saved = checkpointing.restore_params(workdir)
-  assert (start.kind, start.step, step, start.do_lower_case) == ('workdir', 6, 6, True)
-  assert start.tokenizer.vocab_file == vocab
-  assert start.tokenizer.vocab == (data / 'vocab.txt').read_text().rstrip('\n').split('\n')
-  jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, saved)
-
-  phase2 = common.override(bert_tiny.get_config(), {
-      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
-      'data.vocab_file': str(data / 'vocab.txt'), 'data.max_seq_length': 64,
-      'data.max_predictions_per_seq': 10, 'train.global_batch_size': 8,
-      'train.init_from': workdir,
-      'model.scan_layers': True})  # and relaid out: phase 1 was unrolled
-  state = jax.device_get(train._initial_state(pretrain_step.setup(phase2)))  # pylint: disable=protected-access
-  assert int(state.step) == 0
-  for i in range(2):
-    jax.tree_util.tree_map(lambda stacked, layer, i=i: np.testing.assert_array_equal(
-        stacked[i], layer), state.params['encoder']['layers'], saved['encoder'][f'layer_{i}'])
-  phase2.data.do_lower_case = False
-  with pytest.raises(ValueError, match=f'train.init_from={workdir}: it is uncased'):
-    train._initial_state(pretrain_step.setup(phase2))  # pylint: disable=protected-access

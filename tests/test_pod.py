@@ -4,11 +4,14 @@ A SIGTERM that reaches one process, or both at different times, or a maintenance
 hosts' metadata servers announce, makes both save the same step and exit 0, and the resumed
 run's losses equal an uninterrupted run's bit for bit. Another
 process count on resume is refused with what to do, or, when allowed, carries the state over
-with a warning. Eval shares of unequal size end together, with exact metrics."""
+with a warning. Eval shares of unequal size end together, with exact metrics.
+
+The uninterrupted run keeps its workdir and data.vocab_file on gs:// (docs/pods.md's pod recipe;
+the records stay local), on a real GCS server (fake-gcs-server, tests/gcs_server.py): both
+processes share that one directory, and it is a start point like a local one."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,15 +22,17 @@ import pytest
 
 from bert_jax.pretrain import run as train
 from bert_jax.training import maintenance
-from input_pipeline import tfrecord
+from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import dataset as data_lib
 from cpu_env import free_port
 from metadata_server import MetadataServer
+from test_gcs import BUCKET, gcs, losses as gs_losses  # pylint: disable=unused-import
 from test_maintenance import eval_steps
 from test_train import ROOT, config_with, logged_losses, main_command, overrides
 
 STEPS = 20
-UNINTERRUPTED_DIR = []  # the uninterrupted run's workdir, for the tests that read or copy it
+UNINTERRUPTED_DIR = f'{BUCKET}/pod/uninterrupted'  # read or copied by several tests
+GS_VOCAB = f'{BUCKET}/pod/vocab.txt'
 
 
 @pytest.fixture(scope='module')
@@ -101,20 +106,20 @@ def _saved_steps(workdir):
 
 
 @pytest.fixture(scope='module')
-def uninterrupted(values, tmp_path_factory):
-  """2 processes from step 0 to STEPS, and the eval at the end: its losses."""
-  workdir = tmp_path_factory.mktemp('uninterrupted')
-  UNINTERRUPTED_DIR.append(workdir)
-  rc, out = _finish(_pod(workdir, values))
+def uninterrupted(values, gcs, data):
+  """2 processes from step 0 to STEPS, and the eval at the end, in a gs:// workdir with a gs://
+  vocabulary: its losses."""
+  fs.write_text(GS_VOCAB, (data / 'vocab.txt').read_text())
+  rc, out = _finish(_pod(UNINTERRUPTED_DIR, dict(values, **{'data.vocab_file': GS_VOCAB})))
   assert rc == 0, out[-3000:]
-  return logged_losses(str(workdir))
+  return gs_losses(UNINTERRUPTED_DIR)
 
 
 def test_two_processes_give_the_same_losses_as_one(values, uninterrupted, tmp_path):
   # The reader deals chunks to 8 record streams whatever the process count; process i reads
   # global records i, i+2, ... (dataset.training_records), so each global batch holds the same
   # rows as one process's, permuted: equal to float32 round-off (the sums run in other orders,
-  # here over this worker's 8 devices in one process).
+  # here over this worker's devices in one process).
   train.train_and_evaluate(config_with(values), str(tmp_path / 'one'))
   one = logged_losses(str(tmp_path / 'one'))
   assert sorted(one) == sorted(uninterrupted) == list(range(1, STEPS + 1))
@@ -190,7 +195,7 @@ def test_resuming_with_another_process_count_is_refused_or_allowed_with_a_warnin
   # ValueError that bert_jax.main prints as `error: ...` with exit status 1
   # (test_train.test_main_reports_bad_input_without_a_traceback).
   workdir = tmp_path / 'run'
-  shutil.copytree(UNINTERRUPTED_DIR[0], workdir)
+  fs.download_dir(UNINTERRUPTED_DIR, str(workdir))
   assert _saved_steps(workdir)[-1] == STEPS
   more = dict(values, **{'train.num_steps': STEPS + 3})
   with pytest.raises(ValueError, match='written by 2 processes, this run has 1') as refused:
@@ -207,17 +212,17 @@ def test_two_processes_with_unequal_eval_shares_agree_on_the_end_and_the_metrics
   # The uninterrupted run's eval: of the held-out file's 3 chunks process 0 reads chunks 0 and
   # 2, process 1 chunk 1, so process 0 has about twice the rows. The host that runs out first
   # must keep stepping with all-padding batches until both agree the set has ended, and the
-  # sums must equal one process (this one, on its 8 devices) reading everything.
+  # sums must equal one process (this one) reading everything.
   per_host = values['train.global_batch_size'] // 2
   shares = [sum(1 for _ in data_lib.make_dataset(data_lib.ReaderConfig(
       files=values['data.eval_files'], batch_size=per_host, max_seq_length=64,
       max_predictions_per_seq=10), training=False, process_index=i, process_count=2))
       for i in (0, 1)]
   assert shares[0] > shares[1], shares  # batches per host: one host must feed a padding batch
-  workdir = UNINTERRUPTED_DIR[0]
-  with open(workdir / 'metrics.jsonl') as f:
-    [pod] = [r for r in map(json.loads, f) if 'eval/mlm_loss' in r]
-  one = train.evaluate_workdir(config_with(values), str(workdir))
+  workdir = UNINTERRUPTED_DIR
+  [pod] = [r for r in map(json.loads, fs.read_text(f'{workdir}/metrics.jsonl').splitlines())
+           if 'eval/mlm_loss' in r]
+  one = train.evaluate_workdir(config_with(values), workdir)
   print(f'eval of {values["data.eval_files"]}, 2 processes: {pod}\n1 process: {one}')
   assert pod['step'] == one['step'] == STEPS
   for k in ('mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy'):
@@ -237,3 +242,46 @@ def test_a_maintenance_event_stops_both_hosts_at_one_agreed_step_before_a_pendin
       evals, saved)
   print(f'maintenance event after step {second + 3}: both hosts saved step {saved} (evals up '
         f'to {max(evals)})')
+
+
+def test_two_processes_share_a_gs_workdir(uninterrupted):
+  """A multi-host run's one shared directory: both processes write their Orbax shards and their
+  data-iterator state into the same gs:// step directory, and their logs land there too."""
+  assert sorted(uninterrupted) == list(range(1, STEPS + 1))
+  for i in (0, 1):
+    assert fs.exists(f'{UNINTERRUPTED_DIR}/checkpoints/{STEPS}/data/process_{i}/it.index'), i
+  assert {'process_0.log', 'process_1.log'} <= set(fs.listdir(f'{UNINTERRUPTED_DIR}/logs'))
+  assert not os.path.exists(os.path.join(ROOT, 'gs:'))
+
+
+def test_gs_workdir_with_a_gs_vocabulary_is_a_start_point(uninterrupted, data):
+  """Such a workdir (the uninterrupted pod's) is a fine-tuning start point (`load_start_point`)
+  and a `train.init_from` one, whose vocabulary is compared by content with the run's (here a
+  local copy of the same file)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax.convert import start_points  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import step as pretrain_step  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from configs import bert_tiny, common  # pylint: disable=g-import-not-at-top
+  workdir = UNINTERRUPTED_DIR
+  start = start_points.load_start_point(workdir)
+  step, saved = checkpointing.restore_params(workdir)
+  assert (start.kind, start.step, step, start.do_lower_case) == ('workdir', STEPS, STEPS, True)
+  assert start.tokenizer.vocab_file == GS_VOCAB
+  assert start.tokenizer.vocab == (data / 'vocab.txt').read_text().rstrip('\n').split('\n')
+  jax.tree_util.tree_map(np.testing.assert_array_equal, start.params, saved)
+
+  phase2 = common.override(bert_tiny.get_config(), {
+      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'data.vocab_file': str(data / 'vocab.txt'), 'data.max_seq_length': 64,
+      'data.max_predictions_per_seq': 10, 'train.global_batch_size': 8,
+      'train.init_from': workdir,
+      'model.scan_layers': True})  # and relaid out: the pod's layers were unrolled
+  state = jax.device_get(train._initial_state(pretrain_step.setup(phase2)))  # pylint: disable=protected-access
+  assert int(state.step) == 0
+  for i in range(2):
+    jax.tree_util.tree_map(lambda stacked, layer, i=i: np.testing.assert_array_equal(
+        stacked[i], layer), state.params['encoder']['layers'], saved['encoder'][f'layer_{i}'])
+  phase2.data.do_lower_case = False
+  with pytest.raises(ValueError, match=f'train.init_from={workdir}: it is uncased'):
+    train._initial_state(pretrain_step.setup(phase2))  # pylint: disable=protected-access
