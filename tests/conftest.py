@@ -1,13 +1,21 @@
-"""Test-wide setup: 8 emulated CPU devices and the fast compile of tests/cpu_env.py (both must
+"""Test-wide setup: the emulated CPU devices and the fast compile of tests/cpu_env.py (both must
 precede any jax import), a shared compilation cache, and the small pre-training data set most
-end-to-end tests train on."""
+end-to-end tests train on.
+
+Devices: 8 by default, so that any test runs alone with `pytest tests/test_x.py`. The suite
+(scripts/test.sh) runs the tests marked `multi_device` (those that build a mesh of several
+devices) in a session with 8, and the rest with BERT_JAX_TEST_DEVICES=1, one device as on a
+laptop: on 2 cores a tiny model's step over 8 emulated devices compiles ~40% and runs ~50%
+slower, and proves nothing more than on one unless the test compares meshes."""
 
 import os
 import tempfile
 
 from cpu_env import xla_flags
 
-os.environ.setdefault('XLA_FLAGS', xla_flags(8))
+DEVICES = int(os.environ.get('BERT_JAX_TEST_DEVICES', '8'))
+MULTI_DEVICE = 8  # what a `multi_device` test may ask for
+os.environ.setdefault('XLA_FLAGS', xla_flags(DEVICES))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_NO_ADVISORY_WARNINGS', '1')
@@ -21,6 +29,22 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', f'multi_device: builds a mesh of up to {MULTI_DEVICE} devices (scripts/test.sh '
+      'runs these in their own session with that many)')
+
+
+def pytest_runtest_setup(item):
+  """A multi-device test in a one-device session fails here, saying why, not in its mesh."""
+  if item.get_closest_marker('multi_device'):
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.device_count() < MULTI_DEVICE:
+      pytest.fail(f'{item.nodeid} is marked multi_device and needs {MULTI_DEVICE} devices; this '
+                  f'session has {jax.device_count()} (unset BERT_JAX_TEST_DEVICES and XLA_FLAGS, '
+                  'or run scripts/test.sh, which runs these with 8)', pytrace=False)
 
 
 @pytest.fixture(scope='session')

@@ -7,17 +7,20 @@ train step and ~6 s on its initialiser; at level 1, ~10 s and ~4 s, and the step
 (level 0 compiles faster still but runs a step 2.5-3.5x slower, a loss for the 40-step
 runs). The suite compiles such steps hundreds of times, and every test compares runs made
 under the same settings (or against transformers to float32 round-off), so nothing a test
-asserts depends on the level. Users' runs keep XLA's defaults."""
+asserts depends on the level. And one thread per XLA computation: the suite keeps both cores
+busy with its two workers, so Eigen's intra-op threads only wait on each other (test_train and
+test_finetune under `pytest -n 2`: 8% less CPU and wall time single-threaded, 25% with one
+device as well; tests/conftest.py). Users' runs keep XLA's defaults."""
 
 import os
 import socket
 
-FAST_COMPILE = '--xla_backend_optimization_level=1'
+SUITE_XLA_FLAGS = '--xla_backend_optimization_level=1 --xla_cpu_multi_thread_eigen=false'
 
 
 def xla_flags(devices: int = 1) -> str:
   """XLA_FLAGS of a test process with `devices` emulated CPU devices."""
-  return f'{FAST_COMPILE} --xla_force_host_platform_device_count={devices}'
+  return f'{SUITE_XLA_FLAGS} --xla_force_host_platform_device_count={devices}'
 
 
 def cpu_env(devices: int = 1, base: dict | None = None, **extra: str) -> dict:

@@ -131,6 +131,7 @@ def test_local_window_edge_is_two_sided_half_window():
     assert bool(jnp.any(jnp.abs(moved - base) > 1e-3)) == seen, j
 
 
+@pytest.mark.multi_device
 def test_rows_and_heads_sharded_an_awkward_batch_padded():
   """Under a (data, fsdp, tensor) = (2, 1, 2) mesh and the default rules the kernel runs in a
   shard_map, one head per device, and still equals xla. 3 rows, which the data axis does not

@@ -249,6 +249,7 @@ def test_a_run_stopped_at_a_checkpoint_and_rerun_logs_the_uninterrupted_losses(d
   np.testing.assert_allclose(ratios, ratios[0], rtol=1e-9)
 
 
+@pytest.mark.multi_device
 def test_a_warmup_size_the_mesh_cannot_split_is_refused_before_training(data, tmp_path):
   values = overrides(data, **{**WARMUP, 'train.batch_warmup_min_size': 4})
   with pytest.raises(ValueError, match=r'multiple of 8, .* the 8 batch shards of the mesh'):

@@ -119,6 +119,7 @@ def test_the_embedding_command_trains_scores_against_bm25_and_exports(pair_files
   assert np.max(1 - cosine) <= 1e-5, 1 - cosine
 
 
+@pytest.mark.multi_device
 def test_the_contrastive_loss_spans_the_global_batch_on_a_data_parallel_mesh(pair_files,
                                                                                bert_start):
   """The run's own jitted step on 2 data-parallel devices gives the loss of 1 device with

@@ -84,6 +84,7 @@ def test_ranking_loss_matches_numpy_and_sentence_transformers(columns):
   assert np.all(np.any(grad[[0, 1, 3, 4]] != 0, axis=-1))
 
 
+@pytest.mark.multi_device
 def test_ranking_loss_on_a_two_device_mesh_equals_one_device():
   """The global batch sharded over 2 devices: every query still sees every row's candidates."""
   emb = jnp.asarray(random_embeddings(8, 3, seed=1))

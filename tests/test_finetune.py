@@ -644,6 +644,7 @@ def _finetune_pid(workdir, index) -> int:
 # ----------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.multi_device
 def test_bad_input_errors_name_the_field_and_the_fix(start_dir, tmp_path):
   files = classification_files(tmp_path)
   run = lambda **kw: finetune.run(generic_config(files, start_dir, **kw), str(tmp_path / 'w'))

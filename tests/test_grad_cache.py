@@ -135,7 +135,8 @@ def embedding_kind(**data):
   return kinds.get('sentence_embedding').configure(config_for((1, 1, 1), 0.0, **data).data)
 
 
-@pytest.mark.parametrize('mesh', list(MESHES))
+@pytest.mark.parametrize('mesh', [
+    '1 device', pytest.param('(2,2,2) mesh', marks=pytest.mark.multi_device)])
 def test_cached_loss_and_gradients_equal_the_uncached(mesh, tokenizer, model_cfg, params):
   batch, key = padded_batch(tokenizer), jax.random.key(7)
   want = jitted_loss_and_grads(embedding_kind(), model_cfg, '1 device')[0](params, batch, key)
@@ -145,6 +146,7 @@ def test_cached_loss_and_gradients_equal_the_uncached(mesh, tokenizer, model_cfg
   assert_close(got, want)
 
 
+@pytest.mark.multi_device
 def test_cached_gradients_replay_each_chunks_dropout():
   """A dropout embedding (mask 50%) and a loss that couples all rows: GradCache's (loss,
   grads), over a batch sharded on 8 devices, equal plain autodiff through the same chunks

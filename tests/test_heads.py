@@ -223,6 +223,7 @@ def test_dropout_applies_only_in_training():
   assert np.max(np.abs(train - eval_a)) > 1e-3
 
 
+@pytest.mark.multi_device
 def test_heads_shard_over_a_data_fsdp_tensor_mesh():
   cfg = CONFIGS['tiny']
   mesh = shd.make_mesh((2, 2, 2))

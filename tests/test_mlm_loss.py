@@ -86,6 +86,7 @@ def test_pretraining_loss_accuracy_and_gradients_equal_the_unchunked_step(name):
     np.testing.assert_allclose(e1[key], e0[key], rtol=1e-6)
 
 
+@pytest.mark.multi_device
 def test_chunked_loss_gives_the_same_losses_on_one_device_and_a_2x2x2_mesh():
   """Batch over data and fsdp, vocabulary over tensor: the chunks split positions only. The
   chunked loss (4 of 10 predictions) on the mesh against the unchunked loss on one device

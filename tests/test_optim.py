@@ -345,6 +345,7 @@ def test_warmup_proportion_errors_name_the_field():
     optim.from_config(config.optimizer, config.train.num_steps)
 
 
+@pytest.mark.multi_device
 def test_lamb_moments_shard_like_their_params():
   config = bert_large.get_config('lamb_phase1')
   config.model.size, config.mesh = 'tiny', (2, 2, 2)
@@ -660,6 +661,7 @@ def test_stable_adamw_needs_the_peak_for_its_decay():
     optim.make_optimizer('stable_adamw', lambda _: 1e-3, weight_decay=1e-5)
 
 
+@pytest.mark.multi_device
 def test_stable_adamw_moments_shard_like_their_params():
   config = bert_large.get_config('lamb_phase1')
   config.model.size, config.mesh = 'tiny', (2, 2, 2)

@@ -60,6 +60,7 @@ def test_mesh_shape_resolves_minus_one_and_checks_the_product():
     shd.mesh_shape((2, 3, 1), 8)
 
 
+@pytest.mark.multi_device
 def test_rules_shard_params_but_not_activation_embed():
   rules = shd.DEFAULT_RULES
   shardings = tiny_setup((2, 2, 2), **{'optimizer.name': 'adamw'}).shardings
@@ -73,6 +74,7 @@ def test_rules_shard_params_but_not_activation_embed():
       P(('data', 'fsdp'), None, None)
 
 
+@pytest.mark.multi_device
 def test_indivisible_dimension_is_replicated_not_an_error():
   # vocab 30522 is not divisible by 8
   shardings = tiny_setup((1, 1, 8), **{'optimizer.name': 'adamw'}).shardings
@@ -102,6 +104,7 @@ def _losses(mesh_shape, n_devices, steps=20, accum=1, run=None, **extra):
   return synthetic_losses(setup, steps if run is None else run)
 
 
+@pytest.mark.multi_device
 def test_one_device_and_a_2x2x2_mesh_give_the_same_losses_for_20_steps():
   """Dropout on. Tolerance 2e-6 of the loss (~8): float32 reduction order only, which
   differs between meshes and between CPU kinds' kernels, so the bound scales with the value.
@@ -115,6 +118,7 @@ def test_one_device_and_a_2x2x2_mesh_give_the_same_losses_for_20_steps():
   assert single[-1] < single[0]
 
 
+@pytest.mark.multi_device
 def test_modern_block_and_recipe_shard_and_give_the_same_losses_on_a_2x2x2_mesh():
   """arch=modern (GeGLU kernels [H, 2, I], RoPE, local layers over 64-token rows), StableAdamW
   and WSD, dropout on: 1 device and 8 agree as BERT's do."""

@@ -355,6 +355,7 @@ def test_fresh_head_on_a_workdir_encoder(workdir, caplog):
 # ----------------------------------------------------------------------------- train.init_from
 
 
+@pytest.mark.multi_device
 def test_pretraining_params_for_init_from_tf_and_hf(google_dir, tmp_path, caplog):
   directory, _ = google_dir
   model_cfg = TINY.replace(hidden_act='gelu_tanh')

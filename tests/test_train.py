@@ -114,6 +114,7 @@ def test_tiny_learns_and_evaluates(trained):
   assert checkpointing.make_manager(str(workdir)).latest_step() == 40
 
 
+@pytest.mark.multi_device
 def test_restore_onto_a_different_mesh_continues_the_same_run(data, tmp_path):
   # The constant schedule: stopping at step 6 (num_steps=6) changes nothing else. Each run
   # saves only its last step (a save on 8 devices costs orbax ~100 small slicing programs).
@@ -181,8 +182,9 @@ def test_main_reports_bad_input_without_a_traceback(data, tmp_path):
   assert 'Traceback' not in out.stderr
   # A bad mesh raises the same kind of error (a ValueError) in the same call that main wraps
   # (run_control.user_errors), and so reaches the CLI as the line above does: here in-process
-  # (the worker's 8 devices), which spares a ~8 s process.
-  with pytest.raises(ValueError, match=r'config.mesh=\[3, 1, 1\] has 3 slots for 8 devices'):
+  # (the worker's devices), which spares a ~8 s process.
+  with pytest.raises(ValueError, match=rf'config.mesh=\[3, 1, 1\] has 3 slots for '
+                                       rf'{jax.device_count()} devices'):
     train.train_and_evaluate(config_with(overrides(data, mesh=(3, 1, 1))), str(tmp_path / 'm'))
 
 
