@@ -13,11 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
-session() {
-  local devices=$1 marker=$2
+session() {  # DEVICES MARKER FILES... -- PYTEST_ARGS...
+  local devices=$1 marker=$2 files=()
   shift 2
+  while [[ $1 != -- ]]; do files+=("$1"); shift; done
+  shift
   BERT_JAX_TEST_DEVICES=$devices .venv/bin/python -m bert_jax.training.host_malloc \
-    .venv/bin/python -m pytest -n 2 --dist loadfile -q -m "$marker" tests "$@"
+    .venv/bin/python -m pytest -n 2 --dist loadfile -q -m "$marker" "${files[@]}" "$@"
 }
 status=0
 both() {  # a session's exit status 5: the arguments select none of its tests
@@ -25,6 +27,8 @@ both() {  # a session's exit status 5: the arguments select none of its tests
   session "$@" || rc=$?
   ((rc == 0 || rc == 5)) || status=$rc
 }
-both 8 'multi_device' "$@"
-both 1 'not multi_device' "$@"
+# The 8-device session collects only the modules that mark a test (collecting all imports
+# torch, transformers and every test module in each worker).
+both 8 'multi_device' $(grep -l 'mark.multi_device' tests/test_*.py) -- "$@"
+both 1 'not multi_device' tests -- "$@"
 exit $status
