@@ -514,15 +514,16 @@ def test_progress_writes_whole_lines_when_not_a_terminal(monkeypatch):
 
 
 def run_cli(workdir, *args):
-  env = cpu_env(devices=8)  # the workers' devices: the in-process runs' programs serve it
+  env = cpu_env(devices=jax.device_count())  # the worker's: its in-process programs serve it
   cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}', *args]
   return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_dir, tmp_path):
-  """The command, on 8 devices with the classification runs' config for their first epoch
-  (their programs, from the compilation cache): whole progress lines, the report on stdout,
-  an unlabelled test file predicted; then a bad file named in one line, no traceback."""
+  """The command, on the worker's devices with the classification runs' config for their
+  first epoch (their programs, from the compilation cache): whole progress lines, the report
+  on stdout, an unlabelled test file predicted; then a bad file named in one line, no
+  traceback."""
   files = classification_files(tmp_path)
   unlabelled = write_table(tmp_path / 'unlabelled.tsv', [('good film',), ('awful plot',)],
                            header=('sentence',))
@@ -564,7 +565,7 @@ def pod_flags(files, start_dir) -> list[str]:
 
 def test_two_processes_fine_tune_exactly_as_one(start_dir, conll_runs, tmp_path):
   """`MODULE=bert_jax.finetune launch/local_pod.sh 2` (2 processes x 2 devices) against one
-  process (test_conll_token_tagging's run in this one, on its 8 devices: the process boundary
+  process (test_conll_token_tagging's run in this one, on its devices: the process boundary
   is the pod's claim, not the reference's): the same train losses per epoch and the same dev
   and test scores. Each process feeds its half of every global batch (cut to the length
   bucket of the whole batch) and the token predictions are gathered from both. Dropout 0:
