@@ -39,6 +39,7 @@ def main(argv):
   if jax.process_index() == 0:
     logging.info('result: %s', result)
     print(json.dumps(result, indent=2, default=str))
+  run_control.skip_exit_collection()
 
 
 def run_mode(config) -> dict:

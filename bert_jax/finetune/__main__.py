@@ -26,6 +26,7 @@ def main(argv):
     outcome = run.run(config, FLAGS.workdir)
   if jax.process_index() == 0:
     print(results.markdown(outcome), end='')
+  run_control.skip_exit_collection()
 
 
 def define_flags():

@@ -9,6 +9,7 @@ fine-tuning entry point does not import the pre-training input pipeline (and Ten
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import math
 import os
@@ -133,6 +134,14 @@ def start_processes() -> None:
   if f.maintenance_poll_seconds > 0 and maintenance.should_watch(f.tpu):
     maintenance.MaintenanceWatcher(maintenance.metadata_host(), f.maintenance_poll_seconds,
                                    via_sigterm=preemption_sync_running()).start()
+
+
+def skip_exit_collection() -> None:
+  """At the end of a CLI's main: everything alive is about to go, so the collector's last full
+  pass over it (TensorFlow's, JAX's and Flax's millions of objects) is wasted: ~1.7 CPU
+  seconds and ~2 s of every run's exit here. The exit handlers (checkpoint commits, the
+  coordinator's shutdown) still run."""
+  gc.freeze()
 
 
 @contextlib.contextmanager
