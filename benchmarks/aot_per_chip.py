@@ -191,7 +191,8 @@ def predicted(cells: list[dict]) -> str:
         groups.setdefault(key, []).append((r['rows_per_chip'], gib))
   chips = {c.name: c for c in aot_compile.CHIPS.values() if c.name in ('v5e', 'v5p', 'v6e')}
   lines = ['| model | compiled on | attention | remat | loss chunk | extra | GiB/row | fixed GiB | '
-           + ' | '.join(f'max rows {n} ({chips[n].hbm_bytes >> 30} GiB)' for n in chips) + ' |',
+           + ' | '.join(f'predicted max rows {n} ({chips[n].usable_bytes() / 2**30:.2f} GiB usable)'
+                        for n in chips) + ' |',
            '|' + '---|' * (8 + len(chips))]
   for key, points in groups.items():
     points = sorted(set(points))
@@ -200,7 +201,7 @@ def predicted(cells: list[dict]) -> str:
     (r0, g0), (r1, g1) = points[0], points[-1]
     per_row = (g1 - g0) / (r1 - r0)
     fixed = g0 - per_row * r0
-    fit = [str(int((chips[n].hbm_bytes / 2**30 - fixed) // per_row)) for n in chips]
+    fit = [str(int((chips[n].usable_bytes() / 2**30 - fixed) // per_row)) for n in chips]
     lines.append('| ' + ' | '.join([*map(str, key[:5]), key[5], f'{per_row:.2f}',
                                     f'{fixed:.2f}', *fit]) + ' |')
   return '\n'.join(lines) if len(lines) > 2 else ''

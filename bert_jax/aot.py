@@ -15,6 +15,15 @@ fit of memory in rows):
   python -m bert_jax.aot --config=configs/modern.py:base,phase2 --topology=v5e:1x1 \
       --config.model.remat_policy=full --config.model.mlm_loss_chunk=512 --max_rows
 
+`--fit` picks the cheapest settings with which the config's global batch fits a chip (bfloat16
+compute, then the fewest gradient-accumulation steps, the remat policy that recomputes least,
+the whole-vocabulary MLM loss before the chunked one: `aot_compile.fit`) and prints the
+override line to add to the training command:
+
+  python -m bert_jax.aot --config=configs/modern.py:base,phase2 --topology=v5e:2x2 --fit
+
+A step fits when arguments, outputs and temporaries stay within HBM less a reserve
+(`--hbm_reserve`, default 5%: what XLA's memory analysis does not count; aot_compile.py).
 benchmarks/aot_per_chip.py sweeps models, chips, remat policies and the chunked MLM loss.
 """
 
@@ -25,7 +34,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
-from bert_jax.aot_compile import (compile_for, max_rows, topology_devices,
+from bert_jax.aot_compile import (HBM_RESERVE, compile_for, fit, max_rows, topology_devices,
                                   with_rows_per_chip)
 
 FLAGS = flags.FLAGS
@@ -41,6 +50,10 @@ def define_flags():
   flags.DEFINE_integer('rows_per_chip', None, 'Compile this many rows a chip (global batch = '
                        'rows x chips, no accumulation) instead of the config\'s batch.')
   flags.DEFINE_bool('max_rows', False, 'Search the most rows a chip holds (several compiles).')
+  flags.DEFINE_bool('fit', False, 'Pick the cheapest settings that fit the config\'s global '
+                    'batch on a chip and print them as --config overrides (several compiles).')
+  flags.DEFINE_float('hbm_reserve', HBM_RESERVE, 'The share of a chip\'s HBM kept back before '
+                     'a step is called a fit.')
   flags.mark_flags_as_required(['config'])
 
 
@@ -54,13 +67,20 @@ def main(argv):
     config = FLAGS.config
     if FLAGS.rows_per_chip:
       config = with_rows_per_chip(config, FLAGS.rows_per_chip, len(devices))
-    if FLAGS.max_rows:
-      result = max_rows(config, devices, FLAGS.num_labels)
+    reserve = FLAGS.hbm_reserve
+    if FLAGS.fit:
+      result = fit(config, devices, FLAGS.num_labels, reserve)
+    elif FLAGS.max_rows:
+      result = max_rows(config, devices, FLAGS.num_labels, reserve=reserve)
     else:
-      result = compile_for(config, devices, FLAGS.num_labels)
+      result = compile_for(config, devices, FLAGS.num_labels, reserve)
   except (OSError, ValueError) as e:  # a missing start point, a bad config field
     raise app.UsageError(str(e)) from None
   print(json.dumps({'topology': FLAGS.topology, **result}, indent=2))
+  if FLAGS.fit:
+    if not result['fits']:
+      raise SystemExit(f'error: {result["error"]}; {result["hint"]}')
+    print(f'fits {FLAGS.topology}: {result["overrides"]}')
 
 
 if __name__ == '__main__':

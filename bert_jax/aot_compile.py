@@ -16,27 +16,41 @@ import re
 import jax
 
 
+GB, GIB = 10**9, 2**30
+
+
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """Published per-chip figures (Google Cloud TPU docs, cloud.google.com/tpu/docs/v4, /v5e,
-  /v5p, /v6e): HBM capacity, peak bf16 dense FLOP/s and HBM bandwidth."""
+  /v5p, /v6e): HBM capacity in bytes as each page states it (v4's "32 GiB"; v5e's "16 GB",
+  v5p's "95 GB" and v6e's "32 GB" taken as decimal gigabytes, the reading that never
+  overstates a chip), peak bf16 dense FLOP/s and HBM bandwidth."""
   name: str
   hbm_bytes: int
   peak_flops: float
   hbm_bytes_per_s: float
 
+  def usable_bytes(self, reserve: float = None) -> int:
+    """What a step may take before it is called a fit: HBM less the reserve (a fraction)."""
+    return int(self.hbm_bytes * (1 - (HBM_RESERVE if reserve is None else reserve)))
+
 
 # By jax device_kind (prefix match, longest first); the one table of chip figures.
 CHIPS = {
-    'TPU v4': Chip('v4', 32 << 30, 275e12, 1228e9),
-    'TPU v5 lite': Chip('v5e', 16 << 30, 197e12, 819e9),
-    'TPU v5e': Chip('v5e', 16 << 30, 197e12, 819e9),
-    'TPU v5p': Chip('v5p', 95 << 30, 459e12, 2765e9),
-    'TPU v5': Chip('v5p', 95 << 30, 459e12, 2765e9),
-    'TPU v6 lite': Chip('v6e', 32 << 30, 918e12, 1640e9),
-    'TPU v6e': Chip('v6e', 32 << 30, 918e12, 1640e9),
+    'TPU v4': Chip('v4', 32 * GIB, 275e12, 1228e9),
+    'TPU v5 lite': Chip('v5e', 16 * GB, 197e12, 819e9),
+    'TPU v5e': Chip('v5e', 16 * GB, 197e12, 819e9),
+    'TPU v5p': Chip('v5p', 95 * GB, 459e12, 2765e9),
+    'TPU v5': Chip('v5p', 95 * GB, 459e12, 2765e9),
+    'TPU v6 lite': Chip('v6e', 32 * GB, 918e12, 1640e9),
+    'TPU v6e': Chip('v6e', 32 * GB, 918e12, 1640e9),
 }
-HBM_BYTES = {kind: chip.hbm_bytes for kind, chip in CHIPS.items()}
+# The share of HBM kept back before a step is called a fit: XLA's memory analysis counts the
+# step's arguments, outputs and temporaries, not the executable itself, the runtime's own
+# buffers (infeed, collectives' scratch) or fragmentation, and a step compiled to the last
+# byte fails at run time on the first of them. 5% (0.8 GB of a v5e, 1.7 GB of a v4) is our
+# margin, not a measured figure; `python -m bert_jax.aot --hbm_reserve` changes it.
+HBM_RESERVE = 0.05
 
 
 def topology_devices(topology: str, chip_config: str | None = None):
@@ -65,9 +79,9 @@ def chip(device_kind: str) -> Chip | None:
   return None
 
 
-def hbm_bytes(device_kind: str) -> int | None:
+def usable_bytes(device_kind: str, reserve: float | None = None) -> int | None:
   c = chip(device_kind)
-  return c.hbm_bytes if c else None
+  return c.usable_bytes(reserve) if c else None
 
 
 def _cost(compiled) -> dict:
@@ -86,7 +100,8 @@ def roofline_ms(flops: float, bytes_accessed: float, c: Chip) -> float:
   return 1e3 * max(flops / c.peak_flops, bytes_accessed / c.hbm_bytes_per_s)
 
 
-def compile_for(config, devices, num_labels: int | None = None) -> dict:
+def compile_for(config, devices, num_labels: int | None = None,
+                reserve: float | None = None) -> dict:
   """Compile a run's own train step for `devices` and report its memory: a pre-training
   config's (the same mesh, shardings and batch layout, packed or not, as `bert_jax.main`
   would use) or a fine-tuning config's (`configs/finetune.py:<task>`: the start point's
@@ -100,8 +115,8 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
     setup = pretrain_step.setup(config, devices)
     packed, predictions = setup.layout.packed, config.data.max_predictions_per_seq
   b, s = config.train.global_batch_size, config.data.max_seq_length
-  hbm = hbm_bytes(devices[0].device_kind)
   spec = chip(devices[0].device_kind)
+  usable = spec.usable_bytes(reserve) if spec else None
   report = {
       'device_kind': devices[0].device_kind, 'chips': len(devices),
       'objective': setup.objective.name,
@@ -109,7 +124,10 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
       'rows_per_chip': b / len(devices), 'remat_policy': setup.model_cfg.remat_policy,
       'mlm_loss_chunk': config.model.mlm_loss_chunk if 'task' not in config else 0,
       'attention_impl': setup.model_cfg.attention_impl,
-      'hbm_gib': round(hbm / 2**30, 1) if hbm else None,
+      'hbm_gib': round(spec.hbm_bytes / GIB, 2) if spec else None,
+      'usable_gib': round(usable / GIB, 2) if spec else None,  # HBM less the reserve
+      'model_dtype': setup.model_cfg.dtype,
+      'accum_steps': config.train.get('accum_steps', 1),
       # The model-FLOPs formula: XLA's cost_analysis counts a scanned layer loop once.
       'model_tflops_per_step': round((setup.objective.train_flops or functools.partial(
           flops.train_flops_per_step, setup.model_cfg))(b, s, predictions) / 1e12, 3),
@@ -146,7 +164,7 @@ def compile_for(config, devices, num_labels: int | None = None) -> dict:
           'per_chip_gib': round(per_chip / 2**30, 2),
           'arguments_gib': round(mem.argument_size_in_bytes / 2**30, 2),
           'temporaries_gib': round(mem.temp_size_in_bytes / 2**30, 2),
-          'fits': (per_chip <= hbm) if hbm else None}
+          'fits': (per_chip <= usable) if usable else None}
 
 
 def with_rows_per_chip(config, rows: int, chips: int):
@@ -157,17 +175,17 @@ def with_rows_per_chip(config, rows: int, chips: int):
 
 
 def max_rows(config, devices, num_labels: int | None = None, max_compiles: int = 6,
-             log=print) -> dict:
+             log=print, reserve: float | None = None) -> dict:
   """The most rows a chip holds (global batch = rows x chips, no accumulation): compiles
   1 and 2 rows, predicts the limit from the line through their bytes, then compiles around
   the prediction until a fitting N and a failing N + 1 bracket it (or `max_compiles` run out:
   `max_rows_exact` False). Each failing compile reports the temporaries it needed, so the
   line is refitted from whatever compiled last."""
-  chips, hbm = len(devices), hbm_bytes(devices[0].device_kind)
+  chips, usable = len(devices), usable_bytes(devices[0].device_kind, reserve)
   results: dict[int, dict] = {}
 
   def run(rows):
-    r = compile_for(with_rows_per_chip(config, rows, chips), devices, num_labels)
+    r = compile_for(with_rows_per_chip(config, rows, chips), devices, num_labels, reserve)
     if r.get('per_chip_gib') is None and r.get('temporaries_gib') is not None:
       args = next((x['arguments_gib'] for x in results.values() if 'arguments_gib' in x), 0)
       r['per_chip_gib_needed'] = round(r['temporaries_gib'] + args, 2)
@@ -180,7 +198,7 @@ def max_rows(config, devices, num_labels: int | None = None, max_compiles: int =
     return r.get('per_chip_gib', r.get('per_chip_gib_needed'))
 
   lo, hi = 0, None  # lo fits (0 = nothing yet), hi does not
-  limit = hbm / 2**30
+  limit = usable / GIB
   for rows in (1, 2):
     if run(rows)['fits']:
       lo = rows
@@ -223,3 +241,75 @@ def _finetuning_setup(config, devices, num_labels: int | None):
   cfg = run_setup.model_config(config, loaders.model_config_of(config.init))
   kind, head = tasks.head_without_data(config, num_labels)
   return program.setup_for(config, cfg, head, kind, 1000, devices)
+
+
+# Remat policies by what they recompute in the backward pass, least first (encoder.py).
+REMAT_BY_RECOMPUTE = ('none', 'dots', 'projections', 'dots_no_batch', 'full')
+
+
+def fit_settings(config, devices) -> list[dict]:
+  """The settings `fit` may choose from, cheapest step first: bfloat16 compute always (a TPU's
+  MXU rate; float32 is for CPU runs); then the fewest gradient-accumulation steps (the most rows
+  a chip per step: accumulation adds steps whose small matmuls use a chip less well), then the
+  remat policy that recomputes least, then the whole-vocabulary MLM loss before the chunked one
+  (one more decoder matmul in the backward). Each is a dict of config overrides."""
+  chips = len(devices)
+  batch = config.train.global_batch_size
+  if batch % chips:
+    raise ValueError(f'train.global_batch_size={batch} does not split over {chips} chips: '
+                     f'make it a multiple of {chips}')
+  rows = batch // chips
+  accums = [a for a in range(1, rows + 1) if rows % a == 0]
+  chunks = [{}]  # fine-tuning and RTD: no chunked MLM loss to choose
+  if 'task' not in config and config.train.objective != 'rtd':
+    predictions = config.data.max_predictions_per_seq
+    chunks = [{'model.mlm_loss_chunk': c}
+              for c in (0, min(512, max(1, -(-predictions // 4))))]
+  return [{'model.dtype': 'bfloat16', 'train.accum_steps': a, 'model.remat_policy': r, **c}
+          for a in accums for r in REMAT_BY_RECOMPUTE for c in chunks]
+
+
+def fit(config, devices, num_labels: int | None = None, reserve: float | None = None,
+        log=print) -> dict:
+  """The cheapest settings (`fit_settings`' order) with which `config`'s step, at its global
+  batch, fits a chip of `devices` with the HBM reserve; a report with the override line to
+  pass, or `fits` False and why. At each accumulation count the most frugal setting (full
+  remat, chunked loss) compiles first: if even it does not fit, the count is passed over in
+  one compile, and the cheaper settings are tried only where something fits."""
+  from configs import common  # pylint: disable=g-import-not-at-top
+  settings = fit_settings(config, devices)
+  compiles = []
+
+  def run(values):
+    result = compile_for(common.override(copy.deepcopy(config), values), devices, num_labels,
+                         reserve)
+    gib = result.get('per_chip_gib', result.get('temporaries_gib'))
+    compiles.append({**values, 'per_chip_gib': gib, 'fits': result['fits']})
+    log(f'# {_flags(values)}: {gib} GiB, fits={result["fits"]}')
+    return result
+
+  for accum in sorted({s['train.accum_steps'] for s in settings}):
+    level = [s for s in settings if s['train.accum_steps'] == accum]
+    frugal = run(level[-1])
+    if not frugal['fits']:
+      continue
+    for values in level[:-1]:
+      result = run(values)
+      if result['fits']:
+        return {**result, 'fit': values, 'overrides': _flags(values), 'compiles': compiles}
+    return {**frugal, 'fit': level[-1], 'overrides': _flags(level[-1]), 'compiles': compiles}
+  last = compiles[-1]
+  spec = chip(devices[0].device_kind)
+  usable = spec.usable_bytes(reserve) / GIB if spec else None
+  return {'fits': False, 'compiles': compiles,
+          'error': f'nothing fits: even 1 row a chip per micro-step '
+                   f'({config.train.global_batch_size // len(devices)} accumulation steps) '
+                   f'with {_flags(settings[-1])} needs '
+                   f'{last["per_chip_gib"]} GiB a chip of the {usable and round(usable, 2)} '
+                   'usable (HBM less the reserve)',
+          'hint': 'more chips (--topology), shorter rows (data.max_seq_length), or a model '
+                  'sharded over fsdp/tensor (train.mesh)'}
+
+
+def _flags(values: dict) -> str:
+  return ' '.join(f'--config.{k}={v}' for k, v in values.items())

@@ -23,4 +23,5 @@ def get_config(phase: str = 'phase1'):
   c = common.base_config()
   c.model.size = 'base'
   common.set_phase(c, phase, steps1=900_000, steps2=100_000)
+  common.tpu_preset(c)  # 8 rows a v4 chip (256 over a v4-64's 32): no remat, whole loss
   return c

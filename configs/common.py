@@ -188,6 +188,17 @@ def add_parallelism(c: ml_collections.ConfigDict) -> None:
   c.sharding_rules = ()
 
 
+def tpu_preset(c: ml_collections.ConfigDict, remat_policy: str = 'none',
+               mlm_loss_chunk: int = 0) -> None:
+  """A TPU preset's compute: bfloat16 matmuls (the MXU's rate; parameters, softmax, LayerNorm
+  statistics and logits stay float32), with the remat policy and MLM loss chunk that
+  `python -m bert_jax.aot --fit` picks for the preset's rows on its chip.
+  `--config.model.dtype=float32` is the exact CPU run."""
+  c.model.dtype = 'bfloat16'
+  c.model.remat_policy = remat_policy
+  c.model.mlm_loss_chunk = mlm_loss_chunk
+
+
 def set_phase(c: ml_collections.ConfigDict, phase: str, steps1: int, steps2: int) -> None:
   if phase in ('', 'phase1'):
     c.train.num_steps = steps1

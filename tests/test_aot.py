@@ -5,11 +5,12 @@ trainer's packages).
 Each libtpu process costs seconds of imports and TPU set-up before its first compile, so one
 process (`compiled`, run by this file's __main__) compiles every step the tests below check:
 the pre-training step through `bert_jax.aot`'s command-line entry point exactly as
-`python -m bert_jax.aot ARGS` runs it (its flags, its JSON on stdout), then the fine-tuning
+`python -m bert_jax.aot ARGS --fit` runs it (its flags, its JSON and override line on stdout), then the fine-tuning
 steps and the one that cannot fit through `aot_compile.compile_for`, the library function that
 command calls with the parsed config."""
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 from bert_jax import aot_compile
 from bert_jax.convert import hf
 from bert_jax.model.encoder import BertConfig
+from configs import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBTPU = os.path.join(ROOT, '.venv', 'libtpu')
@@ -29,8 +31,8 @@ LIBTPU = os.path.join(ROOT, '.venv', 'libtpu')
 # The pre-training step as a user compiles it. A libtpu compile here costs ~10 s at one layer
 # and 8 rows of 32 tokens, ~25 s at BERT-tiny's 32 rows of 128: one layer, small rows.
 SMALL_ROWS = {'train.global_batch_size': 8, 'data.max_seq_length': 32}
-CLI_ARGS = ('--config=configs/bert_tiny.py', '--topology=v4:2x2x1', '--config.model.num_layers=1',
-            '--config.data.max_predictions_per_seq=5',
+CLI_ARGS = ('--config=configs/bert_tiny.py', '--topology=v5e:2x2', '--fit',
+            '--config.model.num_layers=1', '--config.data.max_predictions_per_seq=5',
             *(f'--config.{k}={v}' for k, v in SMALL_ROWS.items()))
 # The fine-tuning kinds whose batch schemas differ most from pre-training's (start/end
 # positions; a [B, 4, S] choice axis; per-token labels and weights [B, S]); classification
@@ -63,7 +65,8 @@ def compile_all(start_point: str) -> dict:
     except SystemExit as e:  # absl's app.run exits; 0 (or None) when main returned
       assert not e.code, e.code
   stdout = out.getvalue()
-  results = {'cli': json.loads(stdout[stdout.index('{'):])}
+  results = {'cli': json.loads(stdout[stdout.index('{'):stdout.rindex('}') + 1]),
+             'cli_last_line': stdout.splitlines()[-1]}
   # pylint: disable=g-import-not-at-top
   from configs import electra, finetune, modern
   devices = aot_compile.topology_devices('v4:2x2x1')
@@ -79,6 +82,12 @@ def compile_all(start_point: str) -> dict:
   config = modern.get_config('tiny,phase2')
   config.train.global_batch_size = 2048  # (refused before the expensive passes: ~6 s)
   results['too_large'] = aot_compile.compile_for(config, devices)
+  from configs import bert_tiny  # pylint: disable=g-import-not-at-top
+  config = bert_tiny.get_config()  # 1 row a chip, almost all of its HBM held back
+  config.update_from_flattened_dict({**SMALL_ROWS, 'data.max_predictions_per_seq': 5,
+                                     'model.num_layers': 1, 'train.global_batch_size': 4})
+  results['no_fit'] = aot_compile.fit(config, aot_compile.topology_devices('v5e:2x2'),
+                                      reserve=0.99999, log=lambda _: None)
   return results
 
 
@@ -96,11 +105,12 @@ def compiled(tmp_path_factory) -> dict:
   return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_tiny_pretraining_step_compiles_for_a_small_v4_slice_and_fits(compiled):
-  """Through the command's own entry point and flags (`python -m bert_jax.aot`)."""
+def test_tiny_pretraining_step_compiles_for_a_small_v5e_slice_and_fits(compiled):
+  """Through the command's own entry point and flags (`python -m bert_jax.aot --fit`): the
+  report is the chosen setting's compile."""
   result = compiled['cli']
-  assert result['topology'] == 'v4:2x2x1'
-  assert result['device_kind'].startswith('TPU v4') and result['chips'] == 4
+  assert result['topology'] == 'v5e:2x2'
+  assert result['device_kind'].startswith('TPU v5') and result['chips'] == 4
   assert result['objective'] == 'pretraining (nsp)' and result['mesh']['data'] == 4
   assert result['global_batch'] == 8 and result['seq_len'] == 32  # the overrides took
   assert result['fits'] and 0 < result['per_chip_gib'] < 1
@@ -141,10 +151,16 @@ def test_fine_tuning_without_a_start_point_says_what_to_pass():
   assert out.returncode != 0 and '--config.init=<start point>' in out.stderr
 
 
-def test_hbm_table():
-  assert aot_compile.hbm_bytes('TPU v5 lite') == 16 << 30
-  assert aot_compile.hbm_bytes('TPU v4') == 32 << 30
-  assert aot_compile.hbm_bytes('cpu') is None
+def test_hbm_is_the_published_capacity_less_a_stated_reserve():
+  """v4's page says 32 GiB; v5e's 16 GB, v5p's 95 GB and v6e's 32 GB, read as decimal
+  gigabytes (never more than the chip has). A fit leaves 5% of it to what XLA's memory analysis
+  does not count."""
+  want = {'TPU v4': 32 * 2**30, 'TPU v5 lite': 16e9, 'TPU v5p': 95e9, 'TPU v6 lite': 32e9}
+  for kind, capacity in want.items():
+    assert aot_compile.chip(kind).hbm_bytes == capacity
+    assert aot_compile.usable_bytes(kind) == int(capacity * 0.95)
+    assert aot_compile.usable_bytes(kind, reserve=0.0) == capacity
+  assert aot_compile.usable_bytes('cpu') is None
 
 
 def test_a_step_that_cannot_fit_is_reported_not_a_traceback(compiled):
@@ -155,22 +171,101 @@ def test_a_step_that_cannot_fit_is_reported_not_a_traceback(compiled):
 
 
 def test_chip_table_has_the_published_figures_in_one_place():
-  v5e, v6e = aot_compile.chip('TPU v5 lite'), aot_compile.chip('TPU v6 lite')
-  assert (v5e.hbm_bytes, v5e.peak_flops, v5e.hbm_bytes_per_s) == (16 << 30, 197e12, 819e9)
-  assert v6e.hbm_bytes == aot_compile.hbm_bytes('TPU v6 lite') == 32 << 30
+  v5e, v5p = aot_compile.chip('TPU v5 lite'), aot_compile.chip('TPU v5p')
+  assert (v5e.hbm_bytes, v5e.peak_flops, v5e.hbm_bytes_per_s) == (16e9, 197e12, 819e9)
+  assert (v5p.hbm_bytes, v5p.peak_flops, v5p.hbm_bytes_per_s) == (95e9, 459e12, 2765e9)
   # The roofline is the slower of compute and memory traffic: 197 TFLOP in 1 s, 819 GB in 1 s.
   assert aot_compile.roofline_ms(197e12, 1e9, v5e) == pytest.approx(1e3)
   assert aot_compile.roofline_ms(1e9, 819e9, v5e) == pytest.approx(1e3)
 
 
+def test_fit_picks_bfloat16_and_the_cheapest_fitting_settings_for_v5e_chips(compiled):
+  """BERT-tiny (one layer, 8 rows of 32 tokens) on 4 v5e chips, compiled by libtpu through
+  `python -m bert_jax.aot --fit`: the most frugal setting at one accumulation step fits, so
+  does the cheapest (no remat, the whole loss): two compiles, and the line to pass."""
+  result = compiled['cli']
+  assert result['fits'] and result['device_kind'].startswith('TPU v5'), result
+  assert result['fit'] == {'model.dtype': 'bfloat16', 'train.accum_steps': 1,
+                           'model.remat_policy': 'none', 'model.mlm_loss_chunk': 0}
+  assert result['overrides'] == ('--config.model.dtype=bfloat16 --config.train.accum_steps=1 '
+                                 '--config.model.remat_policy=none --config.model.mlm_loss_chunk=0')
+  assert result['model_dtype'] == 'bfloat16' and result['per_chip_gib'] <= result['usable_gib']
+  assert [c['model.remat_policy'] for c in result['compiles']] == ['full', 'none']
+  assert compiled['cli_last_line'] == f'fits v5e:2x2: {result["overrides"]}'
+
+
+def test_fit_refuses_naming_what_it_needed_when_nothing_fits(compiled):
+  """`fit` with almost all of the chip held back: the most frugal setting at every
+  accumulation count (here 1 row a chip: one) is compiled by libtpu and does not fit; the
+  report says what it needed, of what, and what to change (the command prints it as its
+  error and exits 1)."""
+  result = compiled['no_fit']
+  assert result['fits'] is False and len(result['compiles']) == 1, result
+  assert result['error'].startswith('nothing fits: even 1 row a chip per micro-step (1 ')
+  assert '--config.model.remat_policy=full' in result['error'] and 'more chips' in result['hint']
+
+
+# A stand-in compiler's GiB a chip: 1 + micro-batch rows x (activations by remat policy + the
+# MLM logits, whole or chunked).
+ACTIVATIONS = {'none': 4.0, 'dots': 3.0, 'projections': 2.5, 'dots_no_batch': 2.0, 'full': 1.0}
+
+
+def stand_in_gib(config, scale):
+  rows = config.train.global_batch_size // config.train.accum_steps
+  logits = 0.2 if config.model.mlm_loss_chunk else 2.0
+  return 1 + scale * rows * (ACTIVATIONS[config.model.remat_policy] + logits)
+
+
+@pytest.mark.parametrize('scale,want', [
+    (0.1, (1, 'none', 0)), (0.3, (1, 'none', 512)), (0.6, (1, 'projections', 512)),
+    (1.0, (1, 'full', 512)), (1.6, (2, 'full', 512)), (12.0, None)])
+def test_fit_returns_the_first_fitting_setting_in_cost_order(monkeypatch, scale, want):
+  """With a stand-in compiler on a v5e chip (14.16 GiB usable): the setting `fit` returns is
+  the first of `fit_settings` that fits, found in at most one compile per accumulation count
+  that cannot fit plus the settings tried where one can; when none fits, why."""
+  limit = 16e9 * 0.95 / 2**30
+  compiled = []
+
+  def fake_compile(config, devices, num_labels=None, reserve=None):
+    gib = stand_in_gib(config, scale)
+    compiled.append(gib)
+    return {'fits': gib <= limit, 'per_chip_gib': round(gib, 2)}
+
+  monkeypatch.setattr(aot_compile, 'compile_for', fake_compile)
+  devices = [type('D', (), {'device_kind': 'TPU v5 lite'})()]
+  from configs import bert_base  # pylint: disable=g-import-not-at-top
+  config = bert_base.get_config('phase2')  # 512 tokens, 80 predictions: chunks of 20
+  config.train.global_batch_size = 8
+  config.data.max_predictions_per_seq = 2048  # chunks of 512
+  settings = aot_compile.fit_settings(config, devices)
+  first = next((s for s in settings if stand_in_gib(common.override(
+      copy.deepcopy(config), s), scale) <= limit), None)
+  result = aot_compile.fit(config, devices, log=lambda _: None)
+  if want is None:
+    assert first is None and not result['fits']
+    assert 'nothing fits: even 1 row a chip per micro-step (8 accumulation' in result['error']
+    assert len(compiled) == 4  # accumulation counts 1, 2, 4, 8: one compile each
+    return
+  assert result['fit'] == first and result['fits']
+  assert (first['train.accum_steps'], first['model.remat_policy'],
+          first['model.mlm_loss_chunk']) == want
+  assert all(s['model.dtype'] == 'bfloat16' for s in settings)
+  level = [s for s in settings if s['train.accum_steps'] == first['train.accum_steps']]
+  passed_over = [1, 2, 4, 8].index(first['train.accum_steps'])  # one compile each
+  tried = level.index(first) + 1 if first is not level[-1] else len(level) - 1
+  assert len(compiled) == passed_over + 1 + tried
+
+
 @pytest.mark.parametrize('per_row,quadratic', [(0.7, 0.0), (3.0, 0.0), (0.5, 0.005), (20.0, 0)])
 def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, quadratic):
-  """A stand-in compiler (memory 1 + per_row·n + quadratic·n² GiB on a 16 GiB chip): the
-  search ends on the largest fitting n with n + 1 compiled and failing."""
-  def fake_compile(config, devices, num_labels=None):
+  """A stand-in compiler (memory 1 + per_row·n + quadratic·n² GiB on a v5e chip, 14.16 GiB
+  usable): the search ends on the largest fitting n with n + 1 compiled and failing."""
+  limit = 16e9 * 0.95 / 2**30
+
+  def fake_compile(config, devices, num_labels=None, reserve=None):
     n = config.train.global_batch_size
     gib = 1 + per_row * n + quadratic * n * n
-    if gib > 16:
+    if gib > limit:
       return {'rows_per_chip': n, 'fits': False, 'temporaries_gib': round(gib - 1, 2)}
     return {'rows_per_chip': n, 'fits': True, 'per_chip_gib': round(gib, 2),
             'arguments_gib': 1.0}
@@ -179,7 +274,7 @@ def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, qua
   devices = [type('D', (), {'device_kind': 'TPU v5 lite'})()]
   config = modern_config()
   result = aot_compile.max_rows(config, devices, log=lambda _: None)
-  want = max(n for n in range(0, 100) if 1 + per_row * n + quadratic * n * n <= 16)
+  want = max(n for n in range(0, 100) if 1 + per_row * n + quadratic * n * n <= limit)
   assert result['max_rows_per_chip'] == want and result['max_rows_exact'], result
   assert len(result['compiles']) <= 6
 
