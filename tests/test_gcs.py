@@ -21,6 +21,7 @@ import gcs_server
 from cpu_env import cpu_env
 from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import corpus
+from test_train import logged_losses
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,15 +58,6 @@ def train_args(workdir, data, steps=12):
           [f'--config.{k}={v}' for k, v in values.items()])
 
 
-def losses(workdir):
-  out = {}
-  for line in fs.read_text(f'{workdir}/metrics.jsonl').splitlines():
-    r = json.loads(line)
-    if 'train/loss' in r:
-      out[r['step']] = r['train/loss']
-  return out
-
-
 def test_data_train_kill_resume_export_all_on_gs(gcs, tmp_path):
   data = f'{BUCKET}/data'
   docs = list(corpus.embedded_documents())[:300]
@@ -93,7 +85,7 @@ def test_data_train_kill_resume_export_all_on_gs(gcs, tmp_path):
   proc = subprocess.Popen([sys.executable, '-m', *train_args(killed, data)], cwd=ROOT, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300
-  while not (fs.exists(f'{killed}/metrics.jsonl') and max(losses(killed)) >= 6):
+  while not (fs.exists(f'{killed}/metrics.jsonl') and max(logged_losses(killed)) >= 6):
     assert proc.poll() is None, proc.stderr.read()[-3000:]
     assert time.time() < deadline, 'step 6 not reached'
     time.sleep(0.2)
@@ -102,7 +94,7 @@ def test_data_train_kill_resume_export_all_on_gs(gcs, tmp_path):
   steps = [int(s) for s in fs.listdir(f'{killed}/checkpoints') if s.isdigit()]
   assert steps and max(steps) < 12, steps  # it really died mid-run, after a checkpoint
   run(train_args(killed, data))
-  a, b = losses(whole), losses(killed)
+  a, b = logged_losses(whole), logged_losses(killed)
   assert sorted(a) == sorted(b) == list(range(1, 13))
   assert [a[s] for s in a] == [b[s] for s in a]  # bit for bit, resumed mid-run from gs://
 

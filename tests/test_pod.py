@@ -26,7 +26,7 @@ from input_pipeline import fs, tfrecord
 from input_pipeline.pretrain import dataset as data_lib
 from cpu_env import free_port
 from metadata_server import MetadataServer
-from test_gcs import BUCKET, gcs, losses as gs_losses  # pylint: disable=unused-import
+from test_gcs import BUCKET, gcs  # pylint: disable=unused-import
 from test_maintenance import eval_steps
 from test_train import ROOT, config_with, logged_losses, main_command, overrides
 
@@ -112,7 +112,7 @@ def uninterrupted(values, gcs, data):
   fs.write_text(GS_VOCAB, (data / 'vocab.txt').read_text())
   rc, out = _finish(_pod(UNINTERRUPTED_DIR, dict(values, **{'data.vocab_file': GS_VOCAB})))
   assert rc == 0, out[-3000:]
-  return gs_losses(UNINTERRUPTED_DIR)
+  return logged_losses(UNINTERRUPTED_DIR)
 
 
 def test_two_processes_give_the_same_losses_as_one(values, uninterrupted, tmp_path):

@@ -15,6 +15,7 @@ from bert_jax.pretrain import run as train
 from bert_jax.pretrain import step as pretrain_step
 from bert_jax.training import checkpointing, run_control, run_setup
 from configs import bert_tiny, common, upgrade
+from input_pipeline import fs
 from input_pipeline.tokenizer import WordPieceTokenizer
 from cpu_env import cpu_env
 
@@ -39,13 +40,13 @@ def config_with(values):
 
 
 def logged_losses(workdir):
-  """Last logged train loss per step (a resumed run re-logs steps after its checkpoint)."""
+  """Last logged train loss per step (a resumed run re-logs steps after its checkpoint), from
+  a local or gs:// workdir."""
   out = {}
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      r = json.loads(line)
-      if 'train/loss' in r:
-        out[r['step']] = r['train/loss']
+  for line in fs.read_text(f'{workdir}/metrics.jsonl').splitlines():
+    r = json.loads(line)
+    if 'train/loss' in r:
+      out[r['step']] = r['train/loss']
   return out
 
 
