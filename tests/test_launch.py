@@ -517,9 +517,10 @@ def test_a_vm_gone_when_following_ends_is_not_every_run_ending(tmp_path):
 def training_flags(data, workdir, steps, eval_every=100_000):
   """bert_jax.main's flags for a run of `steps` steps. A constant schedule, so the length is
   no part of the compiled step: the 16-step run and the 100,000-step detached ones run one
-  program, which the suite's compilation cache serves. Its last flag is the warmup's."""
+  program, which the suite's compilation cache serves (test_maintenance.py's runs too: one
+  layer, as theirs). Its last flag is the warmup's."""
   values = {
-      'model.vocab_size': 2000, 'data.train_files': str(data / 'train-*'),
+      'model.vocab_size': 2000, 'model.num_layers': 1, 'data.train_files': str(data / 'train-*'),
       'data.eval_files': str(data / 'eval'), 'data.vocab_file': str(data / 'vocab.txt'),
       'train.eval_every': eval_every, 'train.eval_steps': 2,
       'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10, 'data.shuffle_buffer': 200,

@@ -85,10 +85,11 @@ def test_a_terminate_event_saves_one_step_skips_its_eval_and_exits_0(data, tmp_p
   TPU slice (v4-8, v5litepod-8) runs under --tpu: the notice must reach JAX's preemption sync
   manager, which owns SIGTERM there, not only a flag nobody reads."""
   workdir = str(tmp_path / 'run')
-  # One layer: the stop does not depend on the depth, and a layer less is less XLA compile
-  # (the second case loads the first's programs from the compilation cache).
+  # One layer and a constant schedule: the stop depends on neither, and the programs are
+  # test_launch.py's CLI runs' and the other case's (the compilation cache serves them).
   values = overrides(data, steps=200, **{'train.eval_every': 1, 'train.eval_steps': 1,
-                                         'train.checkpoint_every': 1000, 'model.num_layers': 1})
+                                         'train.checkpoint_every': 1000, 'model.num_layers': 1,
+                                         'optimizer.schedule': 'constant'})
   flags = ['--maintenance_poll_seconds=0.1']
   if coordinated:
     flags += [f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=1',
