@@ -59,6 +59,12 @@ def define_flags():
 
 def main(argv):
   del argv
+  if FLAGS.fit and FLAGS.max_rows:
+    raise app.UsageError('--fit and --max_rows: pass one (--fit keeps the config\'s global batch '
+                         'and chooses accumulation; --max_rows searches rows a chip)')
+  if not 0 <= FLAGS.hbm_reserve < 1:
+    raise app.UsageError(f'--hbm_reserve={FLAGS.hbm_reserve}: a share of HBM in [0, 1), '
+                         'e.g. 0.05')
   try:
     devices = topology_devices(FLAGS.topology, FLAGS.chip_config)
   except ValueError as e:

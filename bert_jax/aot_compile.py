@@ -30,7 +30,7 @@ class Chip:
   peak_flops: float
   hbm_bytes_per_s: float
 
-  def usable_bytes(self, reserve: float = None) -> int:
+  def usable_bytes(self, reserve: float | None = None) -> int:
     """What a step may take before it is called a fit: HBM less the reserve (a fraction)."""
     return int(self.hbm_bytes * (1 - (HBM_RESERVE if reserve is None else reserve)))
 
@@ -283,9 +283,11 @@ def fit(config, devices, num_labels: int | None = None, reserve: float | None = 
   def run(values):
     result = compile_for(common.override(copy.deepcopy(config), values), devices, num_labels,
                          reserve)
-    gib = result.get('per_chip_gib', result.get('temporaries_gib'))
-    compiles.append({**values, 'per_chip_gib': gib, 'fits': result['fits']})
-    log(f'# {_flags(values)}: {gib} GiB, fits={result["fits"]}')
+    # A step the compiler refused reports only the temporaries it needed.
+    size = ({'per_chip_gib': result['per_chip_gib']} if 'per_chip_gib' in result else
+            {'temporaries_gib': result.get('temporaries_gib')})
+    compiles.append({**values, **size, 'fits': result['fits']})
+    log(f'# {_flags(values)}: {_needs(size)}, fits={result["fits"]}')
     return result
 
   for accum in sorted({s['train.accum_steps'] for s in settings}):
@@ -298,17 +300,21 @@ def fit(config, devices, num_labels: int | None = None, reserve: float | None = 
       if result['fits']:
         return {**result, 'fit': values, 'overrides': _flags(values), 'compiles': compiles}
     return {**frugal, 'fit': level[-1], 'overrides': _flags(level[-1]), 'compiles': compiles}
-  last = compiles[-1]
   spec = chip(devices[0].device_kind)
   usable = spec.usable_bytes(reserve) / GIB if spec else None
   return {'fits': False, 'compiles': compiles,
           'error': f'nothing fits: even 1 row a chip per micro-step '
                    f'({config.train.global_batch_size // len(devices)} accumulation steps) '
-                   f'with {_flags(settings[-1])} needs '
-                   f'{last["per_chip_gib"]} GiB a chip of the {usable and round(usable, 2)} '
-                   'usable (HBM less the reserve)',
+                   f'with {_flags(settings[-1])} needs {_needs(compiles[-1])} a chip of the '
+                   f'{usable and round(usable, 2)} GiB usable (HBM less the reserve)',
           'hint': 'more chips (--topology), shorter rows (data.max_seq_length), or a model '
                   'sharded over fsdp/tensor (train.mesh)'}
+
+
+def _needs(size: dict) -> str:
+  if 'per_chip_gib' in size:
+    return f'{size["per_chip_gib"]} GiB'
+  return f'more than {size["temporaries_gib"]} GiB of temporaries'
 
 
 def _flags(values: dict) -> str:

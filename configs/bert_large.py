@@ -42,7 +42,8 @@ NVIDIA_LAMB = {'phase1': (65_536, 6e-3, 0.2843, 7_038), 'phase2': (32_768, 4e-3,
 def get_config(phase: str = 'phase1'):
   c = common.base_config()
   c.model.size = 'large'
-  common.tpu_preset(c)  # 8 rows a v4 chip (256 over a v4-64's 32): no remat, whole loss
+  # The paper's phases: 8 rows a v4 chip (256 over a v4-64's 32): no remat, whole loss.
+  common.tpu_preset(c)
   if phase.startswith('lamb_'):
     phase = phase[len('lamb_'):]
     common.set_phase(c, phase, steps1=NVIDIA_LAMB['phase1'][3], steps2=NVIDIA_LAMB['phase2'][3])

@@ -205,6 +205,13 @@ def test_fit_refuses_naming_what_it_needed_when_nothing_fits(compiled):
   assert '--config.model.remat_policy=full' in result['error'] and 'more chips' in result['hint']
 
 
+def test_aot_flags_that_contradict_or_are_out_of_range_say_so():
+  both = aot_process('--config=configs/bert_tiny.py', '--topology=v5e:1x1', '--fit', '--max_rows')
+  assert both.returncode != 0 and '--fit and --max_rows: pass one' in both.stderr
+  bad = aot_process('--config=configs/bert_tiny.py', '--topology=v5e:1x1', '--hbm_reserve=1.5')
+  assert bad.returncode != 0 and '--hbm_reserve=1.5: a share of HBM in [0, 1)' in bad.stderr
+
+
 # A stand-in compiler's GiB a chip: 1 + micro-batch rows x (activations by remat policy + the
 # MLM logits, whole or chunked).
 ACTIVATIONS = {'none': 4.0, 'dots': 3.0, 'projections': 2.5, 'dots_no_batch': 2.0, 'full': 1.0}
@@ -218,7 +225,7 @@ def stand_in_gib(config, scale):
 
 @pytest.mark.parametrize('scale,want', [
     (0.1, (1, 'none', 0)), (0.3, (1, 'none', 512)), (0.6, (1, 'projections', 512)),
-    (1.0, (1, 'full', 512)), (1.6, (2, 'full', 512)), (12.0, None)])
+    (1.0, (1, 'full', 512)), (1.6, (2, 'full', 512)), (30.0, None)])
 def test_fit_returns_the_first_fitting_setting_in_cost_order(monkeypatch, scale, want):
   """With a stand-in compiler on a v5e chip (14.16 GiB usable): the setting `fit` returns is
   the first of `fit_settings` that fits, found in at most one compile per accumulation count
@@ -229,6 +236,8 @@ def test_fit_returns_the_first_fitting_setting_in_cost_order(monkeypatch, scale,
   def fake_compile(config, devices, num_labels=None, reserve=None):
     gib = stand_in_gib(config, scale)
     compiled.append(gib)
+    if gib > 2 * limit:  # as libtpu refuses a step far over: the temporaries it needed
+      return {'fits': False, 'temporaries_gib': round(gib - 1, 2)}
     return {'fits': gib <= limit, 'per_chip_gib': round(gib, 2)}
 
   monkeypatch.setattr(aot_compile, 'compile_for', fake_compile)
@@ -244,6 +253,8 @@ def test_fit_returns_the_first_fitting_setting_in_cost_order(monkeypatch, scale,
   if want is None:
     assert first is None and not result['fits']
     assert 'nothing fits: even 1 row a chip per micro-step (8 accumulation' in result['error']
+    assert 'needs more than 36.0 GiB of temporaries a chip of the 14.16 GiB usable' in (
+        result['error'])
     assert len(compiled) == 4  # accumulation counts 1, 2, 4, 8: one compile each
     return
   assert result['fit'] == first and result['fits']

@@ -138,9 +138,9 @@ def start_processes() -> None:
 
 def skip_exit_collection() -> None:
   """At the end of a CLI's main: everything alive is about to go, so the collector's last full
-  pass over it (TensorFlow's, JAX's and Flax's millions of objects) is wasted: ~1.7 CPU
-  seconds and ~2 s of every run's exit here. The exit handlers (checkpoint commits, the
-  coordinator's shutdown) still run."""
+  pass over it (TensorFlow's, JAX's and Flax's millions of objects) is wasted: a tiny
+  pre-training run's exit after its result took 1.2 s with it and 0.25 s without. The exit
+  handlers (checkpoint commits, the coordinator's shutdown) still run."""
   gc.freeze()
 
 
