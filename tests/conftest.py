@@ -11,7 +11,7 @@ slower, and proves nothing more than on one unless the test compares meshes."""
 import os
 import tempfile
 
-from cpu_env import xla_flags
+from cpu_env import with_multihost_cache, xla_flags
 
 DEVICES = int(os.environ.get('BERT_JAX_TEST_DEVICES', '8'))
 MULTI_DEVICE = 8  # what a `multi_device` test may ask for
@@ -27,6 +27,9 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
                       os.path.join(tempfile.gettempdir(), 'bert_jax_tests_xla_cache'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+# Every process of a CPU pod a test starts reads the entries process 0 wrote
+# (tests/multihost_cache/sitecustomize.py).
+os.environ['PYTHONPATH'] = with_multihost_cache(os.environ.get('PYTHONPATH'))
 
 import pytest  # noqa: E402
 

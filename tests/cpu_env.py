@@ -15,6 +15,7 @@ device as well; tests/conftest.py). Users' runs keep XLA's defaults."""
 import os
 import socket
 
+MULTIHOST_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'multihost_cache')
 SUITE_XLA_FLAGS = '--xla_backend_optimization_level=1 --xla_cpu_multi_thread_eigen=false'
 
 
@@ -25,9 +26,18 @@ def xla_flags(devices: int = 1) -> str:
 
 def cpu_env(devices: int = 1, base: dict | None = None, **extra: str) -> dict:
   """The environment of a CPU process a test starts: `base` (default os.environ) with CPU
-  only, `devices` emulated devices, the fast compile, and `extra`."""
-  return dict(base if base is not None else os.environ, JAX_PLATFORMS='cpu',
-              XLA_FLAGS=xla_flags(devices), **extra)
+  only, `devices` emulated devices, the fast compile, and `extra` (a PYTHONPATH in it keeps
+  the multihost cache hook in front)."""
+  env = dict(base if base is not None else os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=xla_flags(devices), **extra)
+  env['PYTHONPATH'] = with_multihost_cache(env.get('PYTHONPATH'))
+  return env
+
+
+def with_multihost_cache(pythonpath: str | None) -> str:
+  """`pythonpath` with tests/multihost_cache (its sitecustomize says why) in front, once."""
+  paths = [p for p in (pythonpath or '').split(os.pathsep) if p and p != MULTIHOST_CACHE]
+  return os.pathsep.join([MULTIHOST_CACHE, *paths])
 
 
 def free_port() -> int:

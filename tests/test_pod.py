@@ -64,8 +64,10 @@ def _pod(workdir, values, port=None, env=None, extra_flags=()):
   values = dict(values)
   mode = values.pop('mode', 'train')
   flags = main_command(str(workdir), values)[3:] + [f'--mode={mode}', *extra_flags]
+  # JAX_EXPLAIN_CACHE_MISSES: each process logs the programs it did not find in the
+  # compilation cache (`interrupted` checks process 1's).
   env = dict(env or os.environ, DEVICES='2', PYTHON=sys.executable, PORT=str(port),
-             JAX_PLATFORMS='cpu')
+             JAX_PLATFORMS='cpu', JAX_EXPLAIN_CACHE_MISSES='1')
   return subprocess.Popen(['bash', 'launch/local_pod.sh', '2', *flags], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
@@ -165,6 +167,11 @@ def interrupted(values, tmp_path_factory):
       pass  # already saved and gone
   first = _preempt(workdir, _pod(workdir, values), 5, to_one)
   second = _preempt(workdir, _pod(workdir, values), first + 1, to_both)
+  # The step the first session compiled came from the cache on both hosts: process 1 reads
+  # the entry process 0 wrote (tests/multihost_cache/sitecustomize.py).
+  log = (workdir / 'logs' / 'process_1.log').read_text()
+  assert 'TRACING CACHE MISS' in log, log[-3000:]  # the misses are logged
+  assert "PERSISTENT COMPILATION CACHE MISS for 'jit_step'" not in log, log[-3000:]
   # Both hosts watch one metadata server (as a slice's workers each watch their own). With a
   # constant learning rate, 500 steps and an eval every step change nothing in the training.
   with MetadataServer() as server:

@@ -1,0 +1,50 @@
+"""One persistent-cache key for a program on every process of a CPU pod the tests start.
+
+JAX keys its compilation cache partly by the devices' topology fingerprint, and on CPU that
+fingerprint differs between the processes of one `jax.distributed` job; only process 0 writes
+entries, so process 1 of every local_pod.sh run recompiled every program the earlier runs had
+already compiled (~35 CPU-s a launch of BERT-tiny; the suite starts ~9 such pods). The key's
+other parts (the program, compile options, device assignment, flags, versions) are unchanged, and
+the executable is the same program for every process (JAX strips the device assignment from the
+key on GPU for this reason). Tests compare such runs bit for bit against one process, which
+would catch an executable that was not.
+
+tests/cpu_env.py puts this directory on PYTHONPATH of every process the suite starts. The hook
+waits for jax._src.cache_key to be imported (most of those processes never import JAX), and
+changes only keys of programs whose CPU devices span several processes."""
+
+import importlib.abc
+import importlib.util
+import sys
+
+
+def _patch(cache_key):
+  by_topology = cache_key._hash_accelerator_config  # pylint: disable=protected-access
+
+  def hash_accelerator_config(hash_obj, accelerators):
+    devices = list(accelerators.flat)
+    if len({d.process_index for d in devices}) > 1 and all(d.platform == 'cpu' for d in devices):
+      return cache_key._hash_devices(hash_obj, accelerators)  # pylint: disable=protected-access
+    return by_topology(hash_obj, accelerators)
+
+  cache_key._hash_accelerator_config = hash_accelerator_config  # pylint: disable=protected-access
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+
+  def find_spec(self, name, path, target=None):
+    if name != 'jax._src.cache_key':
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    run = spec.loader.exec_module
+
+    def exec_module(module):
+      run(module)
+      _patch(module)
+
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+sys.meta_path.insert(0, _OnImport())
