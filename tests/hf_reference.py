@@ -1,5 +1,6 @@
 """HuggingFace PyTorch BERT with random, non-trivial weights: the reference for parity tests."""
 
+import jax
 import numpy as np
 import torch
 import transformers
@@ -25,6 +26,21 @@ def randomize(model):
       else:
         p.copy_(0.05 * torch.randn_like(p))
   return model
+
+
+def random_params(init, *args, seed: int = 0) -> dict:
+  """Random float32 weights shaped as `init(*args, key)` returns them (LayerNorm scales near 1,
+  everything else ~N(0, 0.05)), drawn by numpy from the abstract tree: nothing is compiled,
+  where each jitted initialiser costs ~5 s of XLA per config here. For tests that compare a
+  model's outputs, not its initialiser."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    base = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
+    return (base + 0.05 * rng.normal(size=leaf.shape)).astype(np.float32)
+
+  abstract = jax.eval_shape(lambda: init(*args, jax.random.key(0)))
+  return jax.tree_util.tree_map_with_path(draw, abstract)
 
 
 def state_dict(model) -> dict[str, np.ndarray]:

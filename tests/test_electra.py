@@ -20,12 +20,8 @@ from bert_jax.model import encoder, heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
 from bert_jax.training import run_setup
 from configs import bert_tiny
-from tests.hf_reference import randomize, state_dict
+from tests.hf_reference import random_params, randomize, state_dict
 from tests.tolerance import assert_trees_close
-
-# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
-init_params = jax.jit(encoder.init_params, static_argnums=0)
-head_init = jax.jit(heads.init_params, static_argnums=(0, 1))
 
 LENGTH = 24
 # ELECTRA-small's quirk at a tiny size: embeddings (32) narrower than the layers (64), so
@@ -133,10 +129,7 @@ def test_task_heads_match_hf_and_export_their_keys(task, cls, head_kw):
 
 
 def noisy_params(cfg, seed=0):
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map(
-      lambda x: np.asarray(x) + np.float32(0.05) * rng.normal(size=x.shape).astype(np.float32),
-      init_params(cfg, jax.random.key(0)))
+  return random_params(encoder.init_params, cfg, seed=seed)
 
 
 def small_cfg(**changes):
@@ -167,8 +160,7 @@ def test_export_loads_in_transformers_and_as_a_start_point(tmp_path):
 def test_finetuned_export_loads_in_transformers_and_back_as_a_start_point(tmp_path):
   cfg = small_cfg()
   head = heads.Head(heads.SEQUENCE, num_labels=3, labels=('a', 'b', 'c'))
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x) + np.float32(0.05),
-                                  head_init(cfg, head, jax.random.key(1)))
+  params = random_params(heads.init_params, cfg, head, seed=1)
   assert set(params) == {'embeddings', 'encoder', 'classifier'}
   out = hf_heads.save_finetuned(str(tmp_path / 'cls'), cfg, head, params)
   model, info = transformers.AutoModelForSequenceClassification.from_pretrained(

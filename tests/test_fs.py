@@ -4,16 +4,13 @@ results, configs and exports shared with a team are readable by it."""
 import os
 import stat
 
-import jax
 import pytest
 
 from bert_jax.convert import hf
 from bert_jax.model import encoder
 from bert_jax.model.encoder import BertConfig
 from input_pipeline import fs
-
-# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
-init_params = jax.jit(encoder.init_params, static_argnums=0)
+from tests.hf_reference import random_params
 
 
 @pytest.fixture
@@ -34,7 +31,7 @@ def test_process_umask_reads_without_changing_it(umask):
 
 def test_written_files_and_exports_follow_the_umask(umask, tmp_path):
   cfg = BertConfig.from_preset('tiny', vocab_size=64)
-  params = init_params(cfg, jax.random.key(0))
+  params = random_params(encoder.init_params, cfg)
   for mask, file_mode, dir_mode in ((0o022, 0o644, 0o755), (0o077, 0o600, 0o700)):
     umask(mask)
     out = tmp_path / f'umask_{mask:o}'

@@ -13,11 +13,9 @@ import transformers
 from bert_jax.convert import hf, hf_heads, hf_modern, loaders
 from bert_jax.model import attention, encoder, heads
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
-from tests.hf_reference import randomize, state_dict
+from tests.hf_reference import random_params, randomize, state_dict
 from tests.tolerance import assert_trees_close
 
-# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
-init_params = jax.jit(encoder.init_params, static_argnums=0)
 
 # Four layers: global, local, local, global; a window of 16 (8 each side), so rows of 40
 # use the dense band and rows of 100 the chunked core.
@@ -181,9 +179,7 @@ def test_task_heads_match_hf(task, cls, head_kw, extra):
 def test_export_loads_in_transformers_with_no_missing_keys_and_imports_back(tmp_path):
   cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=300, num_layers=4,
                                local_window=16, scan_layers=False)
-  params = jax.tree_util.tree_map(
-      lambda x: np.asarray(x) + np.float32(0.05) * np.random.default_rng(0).normal(
-          size=x.shape).astype(np.float32), init_params(cfg, jax.random.key(0)))
+  params = random_params(encoder.init_params, cfg)
   out = hf.save_pretrained(str(tmp_path / 'export'), cfg, params)
   config = json.loads((tmp_path / 'export' / 'config.json').read_text())
   assert config['architectures'] == ['ModernBertForMaskedLM']

@@ -612,7 +612,7 @@ def test_model_size_init_from_keeps_an_electra_small_embedding_split(tmp_path):
   """ELECTRA-small's 256 hidden over 128-wide embeddings matches no size preset."""
   small = BertConfig(arch='electra', vocab_size=100, hidden_size=256, embedding_size=128,
                      num_layers=2, num_heads=4, intermediate_size=1024)
-  params = jax.tree_util.tree_map(np.asarray, init_params(small, jax.random.key(0)))
+  params = hf_reference.random_params(init_params, small)
   path = hf.save_pretrained(str(tmp_path / 'electra'), small, params)
   config = bert_tiny.get_config()
   config.model.size, config.train.init_from = 'init_from', path

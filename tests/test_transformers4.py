@@ -19,10 +19,8 @@ import transformers
 from bert_jax.convert import hf, hf_modern
 from bert_jax.model import encoder
 from bert_jax.model.encoder import BertConfig, BertForPreTraining
+from tests.hf_reference import random_params
 from tests.tolerance import assert_trees_close, tree_scale
-
-# Jitted: an eager Flax init dispatches and compiles op by op, ~3x the time (same values).
-init_params = jax.jit(encoder.init_params, static_argnums=0)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSFORMERS4 = os.path.join(ROOT, '.venv', 'transformers4')
@@ -65,13 +63,7 @@ def export(tmp, name: str, global_theta: float, local_theta: float):
   cfg = BertConfig.from_preset('tiny', arch='modern', vocab_size=300, num_layers=4,
                                local_window=16, global_rope_theta=global_theta,
                                local_rope_theta=local_theta)
-  rng = np.random.default_rng(0)
-  # The thetas set no parameter: one initialiser (the phase-1 config's) serves every export.
-  initial = init_params(cfg.replace(global_rope_theta=10_000.0, local_rope_theta=10_000.0),
-                        jax.random.key(0))
-  params = jax.tree_util.tree_map(
-      lambda x: np.asarray(x) + np.float32(0.05) * rng.normal(size=x.shape).astype(np.float32),
-      initial)
+  params = random_params(encoder.init_params, cfg)  # the same for every theta (no parameter)
   return cfg, params, hf.save_pretrained(str(tmp / name), cfg, params)
 
 
