@@ -6,12 +6,11 @@
 # (tests/conftest.py says why). Both with XLA's CPU buffers kept mapped between steps
 # (bert_jax/training/host_malloc.py) as the CLIs run, and the test processes' XLA settings
 # (tests/cpu_env.py). Exits non-zero if either session fails; arguments go to both.
-# From a clean clone with an empty compilation cache on an idle 2-core AVX-512 VM: 48.1
-# minutes of pytest for 717 tests (2026-11-27), then 31.1 for 716 (57 CPU-minutes), 24.4 for
-# 715 (45 CPU-minutes) and, in these two sessions, 2.3 + 18.9 = 21.2 for 716 (38 CPU-minutes),
-# 2.3 + 16.8 = 19.1 for 716 (34 CPU-minutes) and 2.5 + 18.8 = 21.2 for 724 (38 CPU-minutes; the
-# VM's speed moves +-15% between such runs; all 2026-11-28). The target is 15 and not met. The slowest are the pod, GCS, resume and
-# ModernBERT end-to-end runs and the TPU AOT compiles (`--durations=30`).
+# From a clean clone with an empty compilation cache on an idle 2-core AVX-512 VM (2026-11-28):
+# 2.5 + 18.9 = 21.5 minutes for 725 tests, 39 CPU-minutes, two thirds of them JAX tracing and
+# XLA compiling ~2,000 distinct programs (the VM's speed moves +-15% between such runs). The
+# target is 15 and not met. The slowest are the TPU AOT compiles and the pod, GCS, resume and
+# ModernBERT end-to-end runs (`--durations=30`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
