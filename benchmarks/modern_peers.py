@@ -202,13 +202,16 @@ def worker_env(single_thread: bool) -> dict[str, str]:
   env = {'TF_CPP_MIN_LOG_LEVEL': '3'}
   if single_thread:
     env.update(OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', XLA_FLAGS=(
-        os.environ.get('XLA_FLAGS', '') + ' --xla_cpu_multi_thread_eigen=false'
-        ' intra_op_parallelism_threads=1').strip())
+        os.environ.get('XLA_FLAGS', '') + ' --xla_cpu_multi_thread_eigen=false').strip())
   return env
 
 
 def run_worker(side: str, g: dict, steps: int, single_thread: bool = False) -> dict:
-  ran = harness.run([sys.executable, os.path.abspath(__file__), '--worker', side,
+  """One side in a fresh process; with `single_thread`, pinned to one core as well: XLA's CPU
+  runtime runs independent thunks on its own pool whatever Eigen's setting (unpinned, ours
+  took 2.2 CPU-s for a 1.2 s step on 2 cores), so CPU seconds alone did not make it one core."""
+  pin = ['taskset', '-c', '0'] if single_thread else []
+  ran = harness.run([*pin, sys.executable, os.path.abspath(__file__), '--worker', side,
                      f'--geometry={json.dumps(g)}', f'--steps={steps}'],
                     env=worker_env(single_thread))
   return {**ran.last_json(), 'peak_rss_mib': ran.peak_rss_mib}
