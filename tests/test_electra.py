@@ -128,10 +128,6 @@ def test_task_heads_match_hf_and_export_their_keys(task, cls, head_kw):
   assert set(back) == set(state_dict(model)) - {'electra.embeddings.position_ids'}
 
 
-def noisy_params(cfg, seed=0):
-  return random_params(encoder.init_params, cfg, seed=seed)
-
-
 def small_cfg(**changes):
   return BertConfig(arch='electra', vocab_size=1000, embedding_size=32, hidden_size=64,
                     num_layers=2, num_heads=4, intermediate_size=128,
@@ -140,7 +136,7 @@ def small_cfg(**changes):
 
 def test_export_loads_in_transformers_and_as_a_start_point(tmp_path):
   cfg = small_cfg(scan_layers=False)
-  params = noisy_params(cfg)
+  params = random_params(encoder.init_params, cfg)
   out = hf.save_pretrained(str(tmp_path / 'export'), cfg, params)
   config = json.loads((tmp_path / 'export' / 'config.json').read_text())
   assert (config['model_type'], config['architectures']) == ('electra', ['ElectraForMaskedLM'])
@@ -260,7 +256,7 @@ def test_non_electra_checkpoints_are_refused_clearly():
 
 def test_sentence_transformers_export_is_an_electra_model(tmp_path):
   cfg = small_cfg()
-  params = noisy_params(cfg)
+  params = random_params(encoder.init_params, cfg)
   no_files = types.SimpleNamespace(save_pretrained=lambda directory: None)
   out = st.save_sentence_transformer(str(tmp_path / 'st'), cfg, params, no_files)
   model, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)

@@ -128,15 +128,11 @@ def test_task_heads_match_hf_and_export_their_keys(task, cls, head_kw):
   assert set(back) == set(state_dict(model))
 
 
-def noisy_params(cfg, seed=0):
-  return random_params(encoder.init_params, cfg, seed=seed)
-
-
 @pytest.mark.parametrize('arch,vocab', [('roberta', 1000), ('xlm-roberta', 8000)])
 def test_export_loads_in_transformers_and_as_a_start_point(arch, vocab, tmp_path):
   cfg = BertConfig.from_preset('tiny', arch=arch, vocab_size=vocab, scan_layers=False,
                                max_position_embeddings=LENGTH + 2)
-  params = noisy_params(cfg)
+  params = random_params(encoder.init_params, cfg)
   out = hf.save_pretrained(str(tmp_path / 'export'), cfg, params)
   config = json.loads((tmp_path / 'export' / 'config.json').read_text())
   name = hf_roberta.CLASS_PREFIX[arch] + 'ForMaskedLM'
@@ -281,7 +277,7 @@ def test_non_roberta_checkpoints_are_refused_clearly():
 def test_sentence_transformers_export_is_a_roberta_model(tmp_path):
   cfg = BertConfig.from_preset('tiny', arch='roberta', vocab_size=1000,
                                max_position_embeddings=LENGTH + 2)
-  params = noisy_params(cfg)
+  params = random_params(encoder.init_params, cfg)
   no_files = types.SimpleNamespace(save_pretrained=lambda directory: None)
   out = st.save_sentence_transformer(str(tmp_path / 'st'), cfg, params, no_files)
   assert json.loads((tmp_path / 'st' / 'sentence_bert_config.json').read_text())[

@@ -3,11 +3,11 @@
 JAX keys its compilation cache partly by the devices' topology fingerprint, and on CPU that
 fingerprint differs between the processes of one `jax.distributed` job; only process 0 writes
 entries, so process 1 of every local_pod.sh run recompiled every program the earlier runs had
-already compiled (~35 CPU-s a launch of BERT-tiny; the suite starts ~9 such pods). The key's
-other parts (the program, compile options, device assignment, flags, versions) are unchanged, and
-the executable is the same program for every process (JAX strips the device assignment from the
-key on GPU for this reason). Tests compare such runs bit for bit against one process, which
-would catch an executable that was not.
+already compiled (a second 2-process BERT-tiny launch: 62 CPU-s without this, 26 with it). The
+key's other parts (the program, compile options, device assignment, flags, versions) are
+unchanged, and the executable is the same program for every process (JAX strips the device
+assignment from the key on GPU for this reason). Tests compare such runs bit for bit against one
+process, which would catch an executable that was not.
 
 tests/cpu_env.py puts this directory on PYTHONPATH of every process the suite starts. The hook
 waits for jax._src.cache_key to be imported (most of those processes never import JAX), and
