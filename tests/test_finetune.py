@@ -532,9 +532,13 @@ def test_cli_trains_with_line_progress_and_reports_bad_input_in_one_line(start_d
                 f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={unlabelled}',
                 '--config.train.stop_after_epoch=1', '--config.train.global_batch_size=16',
                 '--config.train.eval_batch_size=32', '--config.optimizer.learning_rate=5e-4',
-                '--config.data.max_seq_length=32', '--config.export=False')
+                '--config.data.max_seq_length=32', '--config.export=False', '--config.seeds=2')
   assert out.returncode == 0, out.stderr[-3000:]
   assert '\r' not in out.stderr and 'seed 0 epoch 1: dev accuracy=' in out.stderr
+  # Each seed reports the process's peak memory so far: the second reuses the first's
+  # programs and buffers, so it may not grow the peak by more than a fifth.
+  peaks = [r['peak_rss_mib'] for r in read_json(tmp_path / 'run' / 'results.json')['runs']]
+  assert len(peaks) == 2 and 0 < peaks[0] <= peaks[1] <= 1.2 * peaks[0], peaks
   assert re.search(r'seed 0: 12/\d+ step \(\d+%\)', out.stderr), out.stderr[-3000:]
   # The log is the run's own lines: none of Orbax's INFO lines about every save and restore.
   assert 'orbax' not in out.stderr.lower() and len(out.stderr.splitlines()) < 40, out.stderr

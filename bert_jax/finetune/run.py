@@ -37,7 +37,7 @@ from bert_jax.finetune import results as results_lib, tasks as finetune_tasks
 from bert_jax.finetune.hooks import EpochHooks
 from bert_jax.finetune.program import Program
 from bert_jax.finetune.resume import SeedCheckpoints, SeedProgress, geometry
-from bert_jax.training import run_control, run_setup, session
+from bert_jax.training import host_malloc, run_control, run_setup, session
 from bert_jax.training import sharding as shd
 from input_pipeline import fs
 from input_pipeline.finetune import registry
@@ -189,6 +189,9 @@ def run(config, workdir: str) -> dict:
       if config.export:
         export = fs.join(workdir, 'hf_export', *([f'seed_{seed}'] if len(seeds) > 1 else []))
       runs.append(run_seed(config, workdir, task, start, seed, export, program, preemption))
+      runs[-1]['peak_rss_mib'] = round(host_malloc.peak_resident_mib())
+      logging.info('seed %d: peak resident memory of this process so far %d MiB', seed,
+                   runs[-1]['peak_rss_mib'])
       if preemption.requested:
         break
   results = results_lib.summarize(config, task, seeds, runs)

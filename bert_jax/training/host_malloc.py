@@ -9,6 +9,13 @@ memory mapped: the step drops from ~860 to ~630 ms and the faults by 10x
 (benchmarks/RESULTS.md, "The CPU allocator"). TensorFlow's TPU VM images preload tcmalloc for
 the same reason; this needs no extra library.
 
+The cost is memory. XLA plans each program's temporaries as one block (~1.3 GB for a MiniLM
+embedding step of 128 rows x 32 tokens). A bare loop of steps reuses it; a fine-tuning
+command's first steps leave several behind in the one arena before it settles (8.5 GiB peak
+against 2.8 GiB with glibc's defaults; steps 1.25-1.8x slower there; benchmarks/RESULTS.md,
+"The CPU allocator", `python benchmarks/allocator.py`). Later seeds add nothing.
+Where memory matters more than speed, set GLIBC_TUNABLES= (empty) before the command.
+
 GLIBC_TUNABLES is read once, when a process starts, so the CPU entry points (`bert_jax.main`,
 `bert_jax.finetune.run`, `bert_jax.demo`) re-execute themselves with it set, before their heavy
 imports. Nothing happens where the variable is already set (set it, even to an empty string,
@@ -23,6 +30,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
+import resource
 import sys
 
 TUNABLES = ('glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:'
@@ -53,6 +61,13 @@ def reexec_with_tuned_malloc() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], tuned_environ())
+
+
+def peak_resident_mib() -> float:
+  """This process's resident-memory high-water mark so far, in MiB (fine-tuning reports it
+  after every seed)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+  return peak / (1024 * 1024 if sys.platform == 'darwin' else 1024)
 
 
 def main(argv: list[str]) -> None:
