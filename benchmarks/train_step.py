@@ -38,7 +38,7 @@ def bench(config, steps: int = 10, warmup: int = 3) -> dict:
   step_s = run.timing.median
   dtype = setup.model_cfg.dtype
   peak = flops.measured_matmul_peak(dtype=dtype)
-  model_flops = flops.train_flops_per_step(setup.model_cfg, rows, seq, preds)
+  model_flops = setup.objective.train_flops(rows, seq, preds)  # RTD's counts its generator
   return dict(size=setup.config.model.size, batch=rows, seq=seq, dtype=dtype,
               optimizer=setup.config.optimizer.name, scan=setup.model_cfg.scan_layers,
               vocab=setup.model_cfg.vocab_size, compile_s=run.compile_s, step_s=step_s,
