@@ -108,7 +108,7 @@ def run_variant(paths: dict, workdir: str, objective: str, rate: float, seed: in
   shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: a resumed one would time nothing
   print(f'[ablation] {name}: training {config.train.num_steps} steps', flush=True)
   start = time.time()
-  out = train.train_and_evaluate(config, run_dir)
+  out = train.train_to_the_end(config, run_dir)
   minutes = (time.time() - start) / 60
   common = evaluate(config, run_dir, paths['eval'], 'nsp')
   own_files = records(paths, data, 'eval', objective, 0.15)

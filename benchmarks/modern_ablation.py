@@ -106,7 +106,7 @@ def run_cell(paths: dict, workdir: str, cell: str, seed: int, budget: float) -> 
   shutil.rmtree(run_dir, ignore_errors=True)
   print(f'[modern_ablation] {name}: {config.train.num_steps} steps', flush=True)
   start = time.time()
-  train.train_and_evaluate(config, run_dir)
+  train.train_to_the_end(config, run_dir)
   minutes = (time.time() - start) / 60
   held_out = train.evaluate_workdir(common_eval_config(config, paths), run_dir)
   result = {'cell': cell, 'seed': seed, 'steps': config.train.num_steps,

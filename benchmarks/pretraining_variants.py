@@ -89,7 +89,7 @@ def main(argv):
                                                     paths['vocab'], True, objective, rate),
                            opts.get('overrides', {}))
   run_dir = fs.join(work, 'train')
-  result = train.train_and_evaluate(config, run_dir)
+  result = train.train_to_the_end(config, run_dir)
   base = baselines.eval_baselines(config)
   print(f'[variant] {FLAGS.name}: held-out MLM accuracy {result["eval"]["mlm_accuracy"]:.4f} '
         f'vs majority token {base["mlm"]:.4f} after {result["step"]} steps '

@@ -69,7 +69,7 @@ def pretrain(config, workdir: str) -> dict:
   """The run's final held-out metrics (a finished run in `workdir` is evaluated, not rerun:
   its train_and_evaluate has no new eval to return)."""
   from bert_jax.pretrain import run as train  # pylint: disable=g-import-not-at-top
-  held_out = train.train_and_evaluate(config, workdir).get('eval')
+  held_out = train.train_to_the_end(config, workdir).get('eval')
   if not held_out:
     held_out = {k: v for k, v in train.evaluate_workdir(config, workdir).items() if k != 'step'}
   return held_out

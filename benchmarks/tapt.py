@@ -116,7 +116,7 @@ def continue_pretraining(config, workdir: str) -> dict:
     if summary['steps'] == config.train.num_steps:
       return summary
   start = time.time()
-  result = train.train_and_evaluate(config, workdir)
+  result = train.train_to_the_end(config, workdir)
   ev = result['eval'] or train.evaluate_workdir(config, workdir)
   logged = [r for r in read_metrics(workdir) if 'train/mlm_loss' in r]
   ends = {'first': logged[0], 'last': logged[-1]} if logged else {}

@@ -234,7 +234,7 @@ def main(argv):
   run_dir = fs.join(workdir, 'train')
   _say(f'training BERT-tiny for {config.train.num_steps} steps of batch '
        f'{config.train.global_batch_size} in {run_dir}')
-  result = train.train_and_evaluate(config, run_dir)
+  result = train.train_to_the_end(config, run_dir)
   ev = result['eval'] or train.evaluate_workdir(config, run_dir)
   base = baselines.eval_baselines(config)
   _say(f'held-out MLM accuracy {ev["mlm_accuracy"]:.4f} vs majority-token baseline '

@@ -3,8 +3,10 @@
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -149,6 +151,33 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoin
   if latest is not None:
     _, params = checkpointing.restore_params(str(tmp_path))
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def test_a_preempted_run_stops_what_would_use_the_finished_model(data, tmp_path):
+  """train_to_the_end, the demo's and the benchmarks' way in: a SIGTERM mid-run saves its step
+  and raises Preempted (exit status 0) instead of returning a partial model for them to
+  evaluate, export or fine-tune (a benchmark once fine-tuned one); the same call resumes it."""
+  workdir = str(tmp_path / 'run')
+  config = config_with(overrides(data, steps=40, **ONE_LAYER, **{'train.checkpoint_every': 1000}))
+
+  def notice():  # only while the run's own handler is in place: never the worker's default
+    deadline = time.time() + 300
+    while time.time() < deadline:
+      if (os.path.exists(f'{workdir}/metrics.jsonl') and max(logged_losses(workdir),
+                                                              default=0) >= 2 and
+          isinstance(getattr(signal.getsignal(signal.SIGTERM), '__self__', None),
+                     run_control.PreemptionFlag)):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.05)
+  threading.Thread(target=notice, daemon=True).start()
+  with pytest.raises(train.Preempted) as stopped:
+    train.train_to_the_end(config, workdir)
+  assert stopped.value.code == 0
+  saved = checkpointing.make_manager(workdir).latest_step()
+  assert 2 <= saved < 40, saved
+  assert train.train_to_the_end(config, workdir)['step'] == 40
+  assert sorted(logged_losses(workdir)) == list(range(1, 41))
 
 
 def test_export_from_a_workdir_loads_in_transformers_and_fills_masks(data, trained,

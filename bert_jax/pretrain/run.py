@@ -224,6 +224,24 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   return {'step': step, 'train': loop.last_train, 'eval': hooks.last_eval}
 
 
+class Preempted(SystemExit):
+  """A run that a preemption notice stopped, its step saved, before `train.num_steps`, raised
+  by `train_to_the_end`: what follows a finished run (its held-out eval, export, fine-tuning)
+  must not go on with a partial model. Exit status 0, as `bert_jax.main` after a notice."""
+
+
+def train_to_the_end(config, workdir: str) -> dict[str, Any]:
+  """`train_and_evaluate` for callers that go on to use the trained model (the demo, the
+  benchmarks): raises Preempted, saying how to resume, when a notice stopped the run first."""
+  result = train_and_evaluate(config, workdir)
+  if result['step'] < config.train.num_steps:
+    logging.warning('%s: stopped at step %d of %d by a preemption notice; run the same command '
+                    'to resume it and what follows', workdir, result['step'],
+                    config.train.num_steps)
+    raise Preempted(0)
+  return result
+
+
 class _PretrainingHooks(Hooks):
   """Batches from the TFRecord reader, as many of its batches a step as the batch schedule
   says (batch-size warmup), whose position every checkpoint saves before the next batch is
