@@ -95,3 +95,45 @@ def test_command_runner_names_a_command_it_cannot_run():
                        cwd=ROOT)
   assert out.returncode != 0
   assert "cannot run 'no-such-command-xyz'" in out.stderr and 'Traceback' not in out.stderr
+
+
+# A 256 MiB block freed under the tuned settings stays resident; `trim_if_over` gives it back
+# once the process holds more than its limit, and leaves it kept below that.
+TRIM_PROBE = textwrap.dedent("""
+    import ctypes, json, sys
+    from bert_jax.training import host_malloc
+    host_malloc.reexec_with_tuned_malloc()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 256 << 20
+    small = libc.malloc(1 << 20)  # a live block above the big one's start keeps the heap's top
+    p = libc.malloc(size)
+    ctypes.memset(p, 1, size)
+    guard = libc.malloc(1 << 20)  # ... and one after it: freed, the big block is mid-heap
+    ctypes.memset(guard, 1, 1 << 20)
+    libc.free(p)
+    held = host_malloc.resident_bytes()
+    above = host_malloc.trim_if_over(held + (64 << 20))  # under its limit: kept
+    kept = host_malloc.resident_bytes()
+    trimmed = host_malloc.trim_if_over(held - (128 << 20))  # over it: returned
+    print(json.dumps({'held': held, 'kept': kept, 'after': host_malloc.resident_bytes(),
+                      'above': above, 'trimmed': trimmed,
+                      'default_limit': host_malloc._trim_limit()}))
+""")
+
+
+@glibc_only
+def test_trim_if_over_returns_kept_memory_only_above_its_limit(tmp_path):
+  if host_malloc.accelerator_attached():
+    pytest.skip('the settings are not applied next to an accelerator')
+  script = tmp_path / 'trim.py'
+  script.write_text(TRIM_PROBE)
+  out = subprocess.run([sys.executable, str(script)], env=dict(untuned_env(), PYTHONPATH=ROOT),
+                       check=True, capture_output=True, text=True).stdout
+  r = json.loads(out.strip().splitlines()[-1])
+  mib = 1 << 20
+  assert not r['above'] and r['kept'] > r['held'] - 16 * mib  # the freed block still resident
+  assert r['trimmed'] and r['after'] < r['held'] - 200 * mib, r  # ... given back
+  physical = os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+  assert r['default_limit'] == int(host_malloc.RESIDENT_SHARE * physical)

@@ -14,7 +14,13 @@ embedding step of 128 rows x 32 tokens). A bare loop of steps reuses it; a fine-
 command's first steps leave several behind in the one arena before it settles (8.5 GiB peak
 against 2.8 GiB with glibc's defaults; steps 1.25-1.8x slower there; benchmarks/RESULTS.md,
 "The CPU allocator", `python benchmarks/allocator.py`). Later seeds add nothing.
-Where memory matters more than speed, set GLIBC_TUNABLES= (empty) before the command.
+A run that compiles several programs with multi-GB blocks (the embedding recipe's 64 pairs of
+128-token texts in four length buckets: ~6 GB a step) would keep leaving such blocks behind
+until the machine ran out (24 GB at step 4); so the loop calls `trim_if_over` after every step:
+once the process holds more than `RESIDENT_SHARE` of the machine's memory, `malloc_trim(0)`
+gives every free page of the arena back (as glibc's defaults would have, all along), and the
+blocks are kept again from there. Where memory matters more than speed, set GLIBC_TUNABLES=
+(empty) before the command.
 
 GLIBC_TUNABLES is read once, when a process starts, so the CPU entry points (`bert_jax.main`,
 `bert_jax.finetune.run`, `bert_jax.demo`) re-execute themselves with it set, before their heavy
@@ -27,7 +33,10 @@ memory is not malloc'ed, and the host's input threads keep their per-thread aren
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import glob
+import logging
 import os
 import platform
 import resource
@@ -36,6 +45,10 @@ import sys
 TUNABLES = ('glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:'
             'glibc.malloc.arena_max=1')
 ACCELERATOR_DEVICES = ('/dev/nvidia[0-9]*', '/dev/accel[0-9]*', '/dev/vfio/[0-9]*')
+# The share of the machine's memory a tuned process may keep resident before `trim_if_over`
+# returns its arena's free pages: below it, kept blocks are the speed; above, a risk of the
+# next step's block not fitting.
+RESIDENT_SHARE = 0.4
 
 
 def accelerator_attached() -> bool:
@@ -68,6 +81,42 @@ def peak_resident_mib() -> float:
   after every seed)."""
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
   return peak / (1024 * 1024 if sys.platform == 'darwin' else 1024)
+
+
+def resident_bytes() -> int:
+  """This process's resident memory now (Linux: /proc/self/statm)."""
+  with open('/proc/self/statm') as f:
+    return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+@functools.cache
+def _trim_limit() -> int | None:
+  """Bytes above which `trim_if_over` trims: RESIDENT_SHARE of physical memory, in a process
+  running with TUNABLES (None otherwise: glibc's own trimming is on)."""
+  if os.environ.get('GLIBC_TUNABLES') != TUNABLES or not os.path.exists('/proc/self/statm'):
+    return None
+  return int(RESIDENT_SHARE * os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'))
+
+
+def trim_if_over(limit: int | None = None) -> bool:
+  """Give the arena's free pages back to the kernel (glibc's `malloc_trim(0)`) when this
+  process holds more than `limit` bytes (default: RESIDENT_SHARE of the machine, and only
+  under TUNABLES). True when it trimmed. Cheap enough to call after every step."""
+  limit = _trim_limit() if limit is None else limit
+  if limit is None:
+    return False
+  held = resident_bytes()
+  if held <= limit:
+    return False
+  ctypes.CDLL(None).malloc_trim(0)
+  if not _trimmed:
+    logging.info('host_malloc: %.1f GiB resident, over %.1f GiB: free memory returned to the '
+                 'system (again whenever it is over; logged once)', held / 2**30, limit / 2**30)
+  _trimmed.append(held)
+  return True
+
+
+_trimmed: list[int] = []  # the resident bytes at each trim
 
 
 def main(argv: list[str]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from bert_jax.training import run_control
+from bert_jax.training import host_malloc, run_control
 from bert_jax.training.metric_writer import MetricWriter
 
 
@@ -118,6 +118,7 @@ class Loop:
   def _consume(self, step: int, metrics, info: dict) -> None:
     """Read a finished step's metrics: the non-finite check, progress, the log line."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    host_malloc.trim_if_over()  # a CPU process's kept memory, bounded (host_malloc says why)
     where = f'{self.label} step {step}'.strip()
     run_control.check_finite(metrics, where, self.latest_checkpoint())
     w = self._window
