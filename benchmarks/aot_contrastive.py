@@ -28,16 +28,12 @@ import argparse
 import functools
 import json
 import os
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for key, value in (('TPU_WORKER_HOSTNAMES', 'localhost'), ('TPU_ACCELERATOR_TYPE', 'v4-8'),
-                   ('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')):
-  os.environ.setdefault(key, value)
-os.environ['XLA_FLAGS'] = ''
-sys.path.insert(0, os.path.join(ROOT, '.venv', 'libtpu'))  # libtpu is installed apart
+# First: its import sets up deviceless TPU compiles (libtpu importable, one fake host).
+from aot_per_chip import (  # pylint: disable=g-bad-import-order
+    add_cell_flags, parse_value, read_cells)
 
 from bert_jax import aot_compile  # noqa: E402  pylint: disable=g-import-not-at-top
 from configs import common, finetune  # noqa: E402
@@ -144,13 +140,6 @@ def _half_power_of_two(rows: int | None) -> int:
   return 1 << max((rows // 2).bit_length() - 1, 0)
 
 
-def _value(text: str):
-  try:
-    return json.loads(text)
-  except ValueError:
-    return text
-
-
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--models', default='minilm-l6,bert-base,modern-base')
@@ -162,15 +151,12 @@ def main():
                  'of what the same cell holds uncached (measured first)')
   p.add_argument('--start', type=int, default=256, help='rows a chip, first compile')
   p.add_argument('--cap', type=int, default=65536, help='stop doubling above this')
-  p.add_argument('--set', action='append', default=[], help='extra field=value (dotted)')
-  p.add_argument('--jsonl', default='', help='append each cell to this file')
-  p.add_argument('--from_jsonl', default='', help='only print the table of this file')
+  add_cell_flags(p)
   args = p.parse_args()
   if args.from_jsonl:
-    with open(args.from_jsonl) as f:
-      print(markdown([json.loads(line) for line in f if line.strip()]))
+    print(markdown(read_cells(args.from_jsonl)))
     return
-  extra = {k: _value(v) for k, v in (kv.split('=', 1) for kv in args.set)}
+  extra = {k: parse_value(v) for k, v in (kv.split('=', 1) for kv in args.set)}
   cells = []
   with tempfile.TemporaryDirectory() as tmp:
     for model in args.models.split(','):

@@ -111,11 +111,25 @@ def markdown(cells: list[dict]) -> str:
   return '\n'.join(lines)
 
 
-def _value(text: str):
+def parse_value(text: str):
+  """A --set value: JSON where it parses (numbers, booleans), else the string."""
   try:
     return json.loads(text)
   except ValueError:
     return text
+
+
+def add_cell_flags(p: argparse.ArgumentParser) -> None:
+  """The flags of an AOT sweep's cells: extra config fields, where to append each cell, a file
+  of cells to print instead of compiling."""
+  p.add_argument('--set', action='append', default=[], help='extra field=value (dotted)')
+  p.add_argument('--jsonl', default='', help='append each cell to this file')
+  p.add_argument('--from_jsonl', default='', help='only print the table of this file')
+
+
+def read_cells(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def main():
@@ -128,17 +142,14 @@ def main():
   p.add_argument('--rows_per_chip', default='1', help='comma list: rows per chip compiled')
   p.add_argument('--max_rows', action='store_true', help='search the most rows per chip')
   p.add_argument('--unrolled_layers', default='', help='e.g. 3,6: FLOPs with loops counted')
-  p.add_argument('--set', action='append', default=[], help='extra field=value (dotted)')
-  p.add_argument('--jsonl', default='', help='append each cell to this file')
-  p.add_argument('--from_jsonl', default='', help='only print the table of this file')
+  add_cell_flags(p)
   args = p.parse_args()
   if args.from_jsonl:
-    with open(args.from_jsonl) as f:
-      cells = [json.loads(line) for line in f if line.strip()]
+    cells = read_cells(args.from_jsonl)
     print(markdown(cells))
     print(predicted(cells))
     return
-  extra = {k: _value(v) for k, v in (kv.split('=', 1) for kv in args.set)}
+  extra = {k: parse_value(v) for k, v in (kv.split('=', 1) for kv in args.set)}
   cells = []
   for model in args.models.split(','):
     for chip in args.chips.split(','):
