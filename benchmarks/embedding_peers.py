@@ -143,11 +143,12 @@ def main():
   p.add_argument('--arm', default='', help=argparse.SUPPRESS)  # one arm, in its own process
   p.add_argument('--seed', type=int, default=0, help=argparse.SUPPRESS)
   args = p.parse_args()
+  from input_pipeline import fs  # pylint: disable=g-import-not-at-top
   from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
-  files = pairs.write_demo_pairs(os.path.join(args.output_dir, 'pairs'),
+  files = pairs.write_demo_pairs(fs.join(args.output_dir, 'pairs'),
                                  os.path.join('runs', 'cache', 'mr'), source=args.source)
   if args.arm == 'ours':
-    print(json.dumps(ours(files, args.seed, os.path.join(args.output_dir, f'ours_{args.seed}'))))
+    print(json.dumps(ours(files, args.seed, fs.join(args.output_dir, f'ours_{args.seed}'))))
     return
   if args.arm == 'theirs':
     print(json.dumps(theirs(files, args.seed)))
@@ -190,9 +191,8 @@ def main():
     print(f'| {name} | {rates} | ' + ' | '.join(cells) + ' |')
   print(f'throughput ratio ours/theirs per seed: {", ".join(f"{r:.2f}" for r in ratios)} '
         f'(median {statistics.median(ratios):.2f})')
-  with open(os.path.join(args.output_dir, 'embedding_peers.json'), 'w') as f:
-    json.dump({'machine': harness.machine(), 'recipe': RECIPE, **got, 'ratios': ratios}, f,
-              indent=1)
+  fs.write_text(fs.join(args.output_dir, 'embedding_peers.json'), json.dumps(
+      {'machine': harness.machine(), 'recipe': RECIPE, **got, 'ratios': ratios}, indent=1))
 
 
 if __name__ == '__main__':

@@ -108,15 +108,16 @@ def trim_if_over(limit: int | None = None) -> bool:
   held = resident_bytes()
   if held <= limit:
     return False
+  global _trims
   ctypes.CDLL(None).malloc_trim(0)
-  if not _trimmed:
+  if not _trims:
     logging.info('host_malloc: %.1f GiB resident, over %.1f GiB: free memory returned to the '
                  'system (again whenever it is over; logged once)', held / 2**30, limit / 2**30)
-  _trimmed.append(held)
+  _trims += 1
   return True
 
 
-_trimmed: list[int] = []  # the resident bytes at each trim
+_trims = 0  # how many times this process trimmed
 
 
 def main(argv: list[str]) -> None:
