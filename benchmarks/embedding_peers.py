@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,17 +158,14 @@ def main():
   # CLIs set) our process reached 24 GB and was killed at step 4 of this recipe (64 pairs of
   # 128-token texts, four length buckets: several multi-GB blocks of XLA temporaries left in
   # its one untrimmed arena); GLIBC_TUNABLES= is that module's documented way out.
-  env = dict(os.environ, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='2', GLIBC_TUNABLES='')
+  env = {'JAX_PLATFORMS': 'cpu', 'TF_CPP_MIN_LOG_LEVEL': '2', 'GLIBC_TUNABLES': ''}
   got = {'ours': [], 'theirs': []}
   for seed in range(args.seeds):
     for arm in (('ours', 'theirs') if seed % 2 == 0 else ('theirs', 'ours')):
-      out = subprocess.run(
+      result = harness.run(
           [sys.executable, os.path.abspath(__file__), f'--arm={arm}', f'--seed={seed}',
            f'--source={args.source}', f'--output_dir={args.output_dir}'],
-          cwd=ROOT, env=env, capture_output=True, text=True)
-      if out.returncode:
-        raise SystemExit(f'{arm} seed {seed} failed:\n{out.stderr[-3000:]}')
-      result = json.loads(out.stdout.strip().splitlines()[-1])
+          cwd=ROOT, env=env).last_json()
       got[arm].append(result)
       print(f'# seed {seed} {arm}: {result["pairs_per_second"]:.2f} pairs/s (epochs '
             f'{[round(r, 2) for r in result["epoch_rates"]]}), best epoch '
