@@ -35,6 +35,10 @@ import pytest  # noqa: E402
 
 
 def pytest_configure(config):
+  # Each worker traces and compiles hundreds of steps with torch, TensorFlow and JAX loaded:
+  # collect as the CLIs do (bert_jax.training.run_control.fewer_collections says why).
+  from bert_jax.training import run_control  # pylint: disable=g-import-not-at-top
+  run_control.fewer_collections()
   config.addinivalue_line(
       'markers', f'multi_device: builds a mesh of up to {MULTI_DEVICE} devices (scripts/test.sh '
       'runs these in their own session with that many)')

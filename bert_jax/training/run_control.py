@@ -126,6 +126,7 @@ def start_processes() -> None:
   needs neither."""
   import jax  # pylint: disable=g-import-not-at-top
   tolerate_closed_output()
+  fewer_collections()
   f = flags.FLAGS
   if f.coordinator_address:
     jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
@@ -134,6 +135,20 @@ def start_processes() -> None:
   if f.maintenance_poll_seconds > 0 and maintenance.should_watch(f.tpu):
     maintenance.MaintenanceWatcher(maintenance.metadata_host(), f.maintenance_poll_seconds,
                                    via_sigterm=preemption_sync_running()).start()
+
+
+# The collector's first generation runs every 10,000 net allocations instead of Python's 700.
+GEN0_THRESHOLD = 10_000
+
+
+def fewer_collections() -> None:
+  """At a CLI's start: tracing and lowering the steps allocate millions of short-lived
+  objects, and each of Python's default 700-allocation collections also walks what survived
+  before (TensorFlow's, JAX's and Flax's modules): a tiny pre-training run's ~1,100
+  collections cost 0.9-1.1 of its 7-8 CPU-seconds, 72 at this threshold 0.25-0.35. The older
+  generations keep their default ratios, so cycles are still freed within a few million
+  allocations."""
+  gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def skip_exit_collection() -> None:
