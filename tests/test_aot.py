@@ -290,6 +290,48 @@ def test_max_rows_brackets_the_limit_in_a_few_compiles(monkeypatch, per_row, qua
   assert len(result['compiles']) <= 6
 
 
+@pytest.mark.parametrize('unit,start,cap,quadratic,fail_from', [
+    (64, 4096, 32768, 8e-8, None),  # cached contrastive rows: the score matrix's square
+    (16, 4096, 32768, 8e-8, None),
+    (64, 4096, 8192, 8e-8, None),  # the cap fits: capped, nothing compiled above it
+    (1, 256, None, 0.0, None),  # linear, the start past the limit: halved first
+    (64, 4096, 32768, 8e-8, 20_000)])  # past 20,000 the compiler says nothing of its bytes
+def test_max_rows_in_units_from_a_start_with_a_cap(monkeypatch, unit, start, cap, quadratic,
+                                                   fail_from):
+  """The search benchmarks/aot_contrastive.py runs (rows a chip in multiples of the chunk a
+  chip embeds at a time; bytes growing with the square of the rows): a stand-in compiler of 4
+  + 1e-5·n + quadratic·n² GiB on a v5e chip (14.16 GiB usable). The answer is a multiple of
+  the unit within 1/8 of the largest that fits, the rows after it fail, every compile is a
+  multiple of the unit at most `cap`, and a few compiles do it."""
+  limit = 16e9 * 0.95 / 2**30
+  compiled = []
+  per_row = 1e-5 if quadratic else 0.05
+
+  def fake_compile(config, devices, num_labels=None, reserve=None):
+    n = config.train.global_batch_size
+    compiled.append(n)
+    gib = 4 + per_row * n + quadratic * n * n
+    if gib > limit:
+      figure = {} if fail_from and n >= fail_from else {'temporaries_gib': round(gib - 1, 2)}
+      return {'rows_per_chip': n, 'fits': False, **figure}
+    return {'rows_per_chip': n, 'fits': True, 'per_chip_gib': round(gib, 2),
+            'arguments_gib': 1.0}
+
+  monkeypatch.setattr(aot_compile, 'compile_for', fake_compile)
+  devices = [type('D', (), {'device_kind': 'TPU v5 lite'})()]
+  result = aot_compile.max_rows(modern_config(), devices, log=lambda _: None, max_compiles=10,
+                                unit=unit, start=start, cap=cap, precision=0.125)
+  n, most = result['max_rows_per_chip'], max(
+      k for k in range(0, 200_000, unit) if 4 + per_row * k + quadratic * k * k <= limit)
+  assert all(c % unit == 0 and (cap is None or c <= cap) for c in compiled), compiled
+  assert n % unit == 0 and len(compiled) <= 10, (n, compiled)
+  if cap is not None and most >= cap:
+    assert result['capped'] and n == cap and result['first_failing'] is None
+    return
+  assert most * 7 / 8 <= n <= most and result['first_failing'] > most, (n, most, compiled)
+  assert not result['capped'] and set(result['compiles']) == {str(c) for c in compiled}
+
+
 def modern_config():
   from configs import modern  # pylint: disable=g-import-not-at-top
   return modern.get_config('tiny,phase1')
