@@ -143,11 +143,11 @@ GEN0_THRESHOLD = 10_000
 
 def fewer_collections() -> None:
   """At a CLI's start: tracing and lowering the steps allocate millions of short-lived
-  objects, and each of Python's default 700-allocation collections also walks what survived
-  before (TensorFlow's, JAX's and Flax's modules): a tiny pre-training run's ~1,100
-  collections cost 0.9-1.1 of its 7-8 CPU-seconds, 72 at this threshold 0.25-0.35. The older
-  generations keep their default ratios, so cycles are still freed within a few million
-  allocations."""
+  objects, so Python's default collects every 700 allocations, and with every tenth and
+  hundredth of those collections walks the older generations too (TensorFlow's, JAX's and
+  Flax's modules): a tiny pre-training run's ~1,100 collections cost 0.9-1.1 of its 7-8
+  CPU-seconds, 72 at this threshold 0.25-0.35. The older generations keep their ratios to
+  it, so cycles are still freed within a few million allocations."""
   gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
