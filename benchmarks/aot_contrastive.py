@@ -60,12 +60,14 @@ def start_point_config(model: str) -> dict:
   raise ValueError(f'--models: unknown {model!r} (minilm-l6, bert-base, modern-base)')
 
 
-def config_for(init: str, seq: int, chunk_rows: int, rows: int, chips: int, extra: dict):
+def config_for(init: str, seq: int, chunk_rows: int, chips: int, extra: dict):
+  """The embedding recipe of one cell (the rows a chip are `max_rows`' to set): each chip
+  embeds `chunk_rows` at a time (the chunk is global: chips x rows)."""
   config = finetune.get_config('embedding')
   config.init = init
   return common.override(config, {
       'data.max_seq_length': seq, 'data.embed_chunk': chunk_rows * chips if chunk_rows else 0,
-      'train.global_batch_size': rows * chips, 'model.dtype': 'bfloat16', **extra})
+      'model.dtype': 'bfloat16', **extra})
 
 
 COLUMNS = ('model', 'tokens', 'chip', 'cached (chunk/chip)', 'max rows/chip', 'first failing',
@@ -138,7 +140,7 @@ def main():
                   flush=True)
             t = time.time()
             result = aot_compile.max_rows(
-                config_for(init, seq, chunk, 1, len(devices), extra), devices,
+                config_for(init, seq, chunk, len(devices), extra), devices,
                 max_compiles=12, log=functools.partial(print, flush=True), unit=chunk or 1,
                 start=start if cached else min(start, 16), cap=args.cap, precision=0.125)
             cell = {'model': model, 'seq': seq, 'chip': chip, 'topology': TOPOLOGIES[chip],
