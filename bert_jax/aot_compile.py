@@ -189,8 +189,9 @@ def max_rows(config, devices, num_labels: int | None = None, max_compiles: int =
   ends closes in; a guess already compiled halves the bracket instead. No compile above `cap`
   rows (`capped`: `cap` itself fits)."""
   chips, usable = len(devices), usable_bytes(devices[0].device_kind, reserve)
-  first = max((start or unit) // unit, 1)  # the search runs in units
-  top = cap // unit if cap else None
+  top = cap // unit if cap else None  # the search runs in units
+  first = max((start or unit) // unit, 1)
+  first = min(first, top) if top is not None else first
   results: dict[int, dict] = {}
 
   def run(n):
@@ -210,7 +211,6 @@ def max_rows(config, devices, num_labels: int | None = None, max_compiles: int =
 
   lo, hi = 0, None  # lo fits (0 = nothing yet), hi does not
   limit = usable / GIB
-  first = min(first, top) if top is not None else first
   if run(first)['fits']:
     lo = first
     if top is None or 2 * first <= top:
