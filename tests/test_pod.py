@@ -165,8 +165,11 @@ def interrupted(values, tmp_path_factory):
       os.kill(_process_pid(workdir, 1), signal.SIGTERM)
     except AssertionError:
       pass  # already saved and gone
-  first = _preempt(workdir, _pod(workdir, values), 5, to_one)
-  second = _preempt(workdir, _pod(workdir, values), first + 1, to_both)
+  # 500 steps (the constant learning rate: the same program): the hosts take some steps to
+  # agree on a notice, and a session of 20 steps once reached its end before they had.
+  long = dict(values, **{'train.num_steps': 500})
+  first = _preempt(workdir, _pod(workdir, long), 5, to_one, end=500)
+  second = _preempt(workdir, _pod(workdir, long), first + 1, to_both, end=500)
   # The step the first session compiled came from the cache on both hosts: process 1 reads
   # the entry process 0 wrote (tests/multihost_cache/sitecustomize.py).
   log = (workdir / 'logs' / 'process_1.log').read_text()
@@ -176,8 +179,7 @@ def interrupted(values, tmp_path_factory):
   # constant learning rate, 500 steps and an eval every step change nothing in the training.
   with MetadataServer() as server:
     env = dict(os.environ, GCE_METADATA_HOST=server.host)
-    pod = _pod(workdir, dict(values, **{'train.eval_every': 1, 'train.eval_steps': 1,
-                                        'train.num_steps': 500}),
+    pod = _pod(workdir, dict(long, **{'train.eval_every': 1, 'train.eval_steps': 1}),
                env=env, extra_flags=['--maintenance_poll_seconds=0.1'])
     third = _preempt(workdir, pod, second + 3,
                      lambda: setattr(server, 'event', maintenance.TERMINATE), end=500)
