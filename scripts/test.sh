@@ -11,9 +11,11 @@
 # 16.7 minutes, 31 CPU-minutes, 42% of it XLA compiling ~2,500 programs (the sessions one
 # after the other: 18.0); 18.3 on another VM of the same CPU flags a day later (34 CPU-minutes,
 # both cores 94% busy), 18.4 again on 2026-11-29 (728 tests), 17.0 later that day (733 tests,
-# 32 CPU-minutes). The target is 15 and not met from an empty cache; with the machine's cache
-# filled (as CI runs it on a fresh clone) the whole .ci/run took 714 s. The slowest are the TPU AOT compiles
-# and the pod, GCS, resume and ModernBERT end-to-end runs (`--durations=30`).
+# 32 CPU-minutes), 20.7 on the same VM the next session (733 tests, 38 CPU-minutes: unchanged
+# tests took 10-40% more CPU than the day before). The target is 15 and not met from an empty
+# cache; with the machine's cache filled (as CI runs it on a fresh clone) the whole .ci/run took
+# 714 s. The slowest are the TPU AOT compiles and the pod, GCS, resume and ModernBERT
+# end-to-end runs (`--durations=30`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
