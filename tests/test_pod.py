@@ -31,6 +31,7 @@ from test_maintenance import eval_steps
 from test_train import ROOT, config_with, logged_losses, main_command, overrides
 
 STEPS = 20
+LONG = 500  # the interrupted sessions' num_steps: a stop never meets the end
 UNINTERRUPTED_DIR = f'{BUCKET}/pod/uninterrupted'  # read or copied by several tests
 GS_VOCAB = f'{BUCKET}/pod/vocab.txt'
 
@@ -165,24 +166,24 @@ def interrupted(values, tmp_path_factory):
       os.kill(_process_pid(workdir, 1), signal.SIGTERM)
     except AssertionError:
       pass  # already saved and gone
-  # 500 steps (the constant learning rate: the same program): the hosts take some steps to
+  # LONG steps (the constant learning rate: the same program): the hosts take some steps to
   # agree on a notice, and a session of 20 steps once reached its end before they had.
-  long = dict(values, **{'train.num_steps': 500})
-  first = _preempt(workdir, _pod(workdir, long), 5, to_one, end=500)
-  second = _preempt(workdir, _pod(workdir, long), first + 1, to_both, end=500)
+  long = dict(values, **{'train.num_steps': LONG})
+  first = _preempt(workdir, _pod(workdir, long), 5, to_one, end=LONG)
+  second = _preempt(workdir, _pod(workdir, long), first + 1, to_both, end=LONG)
   # The step the first session compiled came from the cache on both hosts: process 1 reads
   # the entry process 0 wrote (tests/multihost_cache/sitecustomize.py).
   log = (workdir / 'logs' / 'process_1.log').read_text()
   assert 'TRACING CACHE MISS' in log, log[-3000:]  # the misses are logged
   assert "PERSISTENT COMPILATION CACHE MISS for 'jit_step'" not in log, log[-3000:]
   # Both hosts watch one metadata server (as a slice's workers each watch their own). With a
-  # constant learning rate, 500 steps and an eval every step change nothing in the training.
+  # constant learning rate, LONG steps and an eval every step change nothing in the training.
   with MetadataServer() as server:
     env = dict(os.environ, GCE_METADATA_HOST=server.host)
     pod = _pod(workdir, dict(long, **{'train.eval_every': 1, 'train.eval_steps': 1}),
                env=env, extra_flags=['--maintenance_poll_seconds=0.1'])
     third = _preempt(workdir, pod, second + 3,
-                     lambda: setattr(server, 'event', maintenance.TERMINATE), end=500)
+                     lambda: setattr(server, 'event', maintenance.TERMINATE), end=LONG)
   return workdir, (first, second, third)
 
 
