@@ -140,3 +140,31 @@ def test_gradient_accumulation_is_close_to_the_full_batch():
   full = _losses((1, 1, 1), 1)[:6]
   accum = _losses((1, 1, 1), 1, accum=4, run=6)
   np.testing.assert_allclose(full, accum, rtol=1e-2)
+
+
+@pytest.mark.multi_device
+def test_one_processs_cpu_devices_save_a_replicated_state_without_slicing_programs(tmp_path):
+  """Orbax's replica-parallel save (each replica writes a slice of an array they all hold) is
+  off where one process writes for every device (bert_jax/training/checkpointing.py says why):
+  saving a replicated tree over 8 CPU devices compiles nothing, and restores it whole."""
+  from bert_jax.training import checkpointing  # pylint: disable=g-import-not-at-top
+  replicated = jax.sharding.NamedSharding(jax.make_mesh((8,), ('data',)), P())
+  tree = {name: jax.device_put(np.arange(size, dtype=np.float32).reshape(shape), replicated)
+          for name, size, shape in (('w', 384, (16, 24)), ('b', 24, (24,)), ('e', 640, (40, 16)))}
+  compiles = []
+  listener = lambda event, _, **kw: compiles.append(event) if 'backend_compile' in event else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with checkpointing.make_manager(str(tmp_path)) as manager:
+      checkpointing.save(manager, 1, tree, force=True)
+      manager.wait_until_finished()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not compiles, compiles
+  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
+              for k, v in tree.items()}
+  with checkpointing.make_manager(str(tmp_path)) as manager:
+    restored = checkpointing.restore(manager, 1, abstract)
+  for name, array in tree.items():
+    np.testing.assert_array_equal(restored[name], array)
+    assert restored[name].sharding == replicated
