@@ -3,10 +3,9 @@
 # the next test module when it is free (so that a module's shared fixtures, a trained workdir,
 # a pod's runs, a libtpu process, are built once, not once per worker): the tests marked
 # multi_device (meshes of several devices) on 8 emulated CPU devices, one worker, and the rest
-# on one device, two workers (tests/conftest.py says why). Both with XLA's CPU buffers kept
-# mapped between steps (bert_jax/training/host_malloc.py) as the CLIs run, and the test
-# processes' XLA settings (tests/cpu_env.py). Exits non-zero if either session fails;
-# arguments go to both.
+# on one device, two workers (tests/conftest.py says why, and why glibc's default malloc),
+# with the test processes' XLA settings (tests/cpu_env.py). Exits non-zero if either session
+# fails; arguments go to both.
 # With an empty compilation cache on an idle 2-core AVX-512/AMX VM (2026-11-28, 726 tests):
 # 16.7 minutes, 31 CPU-minutes, 42% of it XLA compiling ~2,500 programs (the sessions one
 # after the other: 18.0); 18.3 on another VM of the same CPU flags a day later (34 CPU-minutes,
@@ -25,8 +24,7 @@ session() {  # DEVICES WORKERS MARKER FILES... -- PYTEST_ARGS...
   while [[ $1 != -- ]]; do files+=("$1"); shift; done
   shift
   local rc=0
-  BERT_JAX_TEST_DEVICES=$devices .venv/bin/python -m bert_jax.training.host_malloc \
-    .venv/bin/python -m pytest -n "$workers" --dist loadfile -q -m "$marker" "${files[@]}" "$@" \
+  BERT_JAX_TEST_DEVICES=$devices .venv/bin/python -m pytest -n "$workers" --dist loadfile -q -m "$marker" "${files[@]}" "$@" \
     || rc=$?
   ((rc == 0 || rc == 5)) || return $rc  # 5: the arguments select none of its tests
 }

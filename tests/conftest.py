@@ -18,6 +18,13 @@ MULTI_DEVICE = 8  # what a `multi_device` test may ask for
 os.environ.setdefault('XLA_FLAGS', xla_flags(DEVICES))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
+# glibc's default malloc for every process the tests start (an empty GLIBC_TUNABLES: the CLIs
+# do not re-execute themselves with bert_jax/training/host_malloc.py's one-arena settings). Those
+# settings speed a long run's steps; the suite's processes mostly compile, with XLA's compiler
+# threads all taking one arena's lock: on the CPU-heavy CLI tests (test_rtd, test_loop,
+# test_maintenance) 9% less CPU and 13% less wall time with the defaults. Tests of the tuned
+# allocator itself (test_host_malloc.py, the seed memory bound in test_finetune.py) unset it.
+os.environ.setdefault('GLIBC_TUNABLES', '')
 os.environ.setdefault('TRANSFORMERS_NO_ADVISORY_WARNINGS', '1')
 # JAX's persistent compilation cache, shared by both xdist workers and every subprocess the
 # tests start (they inherit the environment): the end-to-end tests compile the same few steps

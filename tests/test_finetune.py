@@ -515,6 +515,7 @@ def test_progress_writes_whole_lines_when_not_a_terminal(monkeypatch):
 
 def run_cli(workdir, *args):
   env = cpu_env(devices=jax.device_count())  # the worker's: its in-process programs serve it
+  env.pop('GLIBC_TUNABLES', None)  # the command's own allocator settings, as a user's run has
   cmd = [sys.executable, '-m', 'bert_jax.finetune', f'--workdir={workdir}', *args]
   return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
