@@ -36,6 +36,7 @@ from ml_collections import config_flags
 
 from bert_jax.aot_compile import (HBM_RESERVE, compile_for, fit, max_rows, topology_devices,
                                   with_rows_per_chip)
+from bert_jax.training import run_control
 
 FLAGS = flags.FLAGS
 
@@ -59,6 +60,7 @@ def define_flags():
 
 def main(argv):
   del argv
+  run_control.fewer_collections()  # tracing the steps it compiles, as the training CLIs do
   if FLAGS.fit and FLAGS.max_rows:
     raise app.UsageError('--fit and --max_rows: pass one (--fit keeps the config\'s global batch '
                          'and chooses accumulation; --max_rows searches rows a chip)')
