@@ -41,14 +41,37 @@ os.environ['PYTHONPATH'] = with_multihost_cache(os.environ.get('PYTHONPATH'))
 import pytest  # noqa: E402
 
 
+# Seconds each module held a worker in a cold run of the suite (2026-11-29, scripts/test.sh on
+# 2 cores; modules under 30 s not named). The workers take modules longest first, so that the
+# run does not end on one long module while the other worker idles: xdist's own order is by
+# test count, which left test_pod, test_gcs and test_modern_train to the last third. A stale
+# figure costs some parallelism, never a result.
+MODULE_SECONDS = {
+    'test_train.py': 295, 'test_finetune.py': 248, 'test_launch.py': 178,
+    'test_attention_impl.py': 172, 'test_aot.py': 169, 'test_pod.py': 129,
+    'test_sharding.py': 122, 'test_beam.py': 111, 'test_heads.py': 106, 'test_pipeline.py': 106,
+    'test_optim.py': 102, 'test_released_shapes.py': 74, 'test_modern_train.py': 74,
+    'test_gcs.py': 71, 'test_rtd.py': 67, 'test_mlm_loss.py': 66, 'test_hf_tokenizers.py': 63,
+    'test_model.py': 60, 'test_modern.py': 56, 'test_embedding_task.py': 56,
+    'test_start_points.py': 55, 'test_batch_warmup.py': 46, 'test_roberta.py': 38,
+    'test_embeddings.py': 38, 'test_grad_cache.py': 35, 'test_electra.py': 35,
+}
+
+
 def pytest_configure(config):
   # Each worker traces and compiles hundreds of steps with torch, TensorFlow and JAX loaded:
   # collect as the CLIs do (bert_jax.training.run_control.fewer_collections says why).
   from bert_jax.training import run_control  # pylint: disable=g-import-not-at-top
   run_control.fewer_collections()
+  if hasattr(config.option, 'loadscopereorder'):  # xdist: keep MODULE_SECONDS' order
+    config.option.loadscopereorder = False
   config.addinivalue_line(
       'markers', f'multi_device: builds a mesh of up to {MULTI_DEVICE} devices (scripts/test.sh '
       'runs these in their own session with that many)')
+
+
+def pytest_collection_modifyitems(items):
+  items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))  # stable: file order after
 
 
 def pytest_runtest_setup(item):
