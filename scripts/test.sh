@@ -26,8 +26,8 @@ session() {  # DEVICES WORKERS MARKER FILES... -- PYTEST_ARGS...
   while [[ $1 != -- ]]; do files+=("$1"); shift; done
   shift
   local rc=0
-  BERT_JAX_TEST_DEVICES=$devices .venv/bin/python -m pytest -n "$workers" --dist loadfile -q -m "$marker" "${files[@]}" "$@" \
-    || rc=$?
+  BERT_JAX_TEST_DEVICES=$devices .venv/bin/python -m pytest -n "$workers" --dist loadfile -q \
+    -m "$marker" "${files[@]}" "$@" || rc=$?
   ((rc == 0 || rc == 5)) || return $rc  # 5: the arguments select none of its tests
 }
 # The 8-device session collects only the modules that mark a test (collecting all imports
