@@ -11,6 +11,7 @@ shardings, so a checkpoint written on one mesh restores onto any other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -84,6 +85,7 @@ class _Manager(ocp.CheckpointManager):
     return False
 
 
+@functools.cache  # a process-wide orbax registration: once
 def _replica_parallel_only_where_it_parallelizes() -> None:
   """Orbax splits the writing of an array that several devices hold among those replicas (its
   default, off only on GPUs). One process's CPU devices share one memory and one writer, so
