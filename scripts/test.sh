@@ -6,17 +6,11 @@
 # on one device, two workers (tests/conftest.py says why, and why glibc's default malloc),
 # with the test processes' XLA settings (tests/cpu_env.py). Exits non-zero if either session
 # fails; arguments go to both.
-# With an empty compilation cache on an idle 2-core AVX-512/AMX VM (2026-11-28, 726 tests):
-# 16.7 minutes, 31 CPU-minutes, 42% of it XLA compiling ~2,500 programs (the sessions one
-# after the other: 18.0); 18.3 on another VM of the same CPU flags a day later (34 CPU-minutes,
-# both cores 94% busy), 18.4 again on 2026-11-29 (728 tests), 17.0 later that day (733 tests,
-# 32 CPU-minutes), 20.7 on the same VM the next session (733 tests, 38 CPU-minutes: unchanged
-# tests took 10-40% more CPU than the day before); on 2026-11-29 again, with glibc's default
-# malloc in the test processes and no replica-parallel checkpoint slicing on CPU devices, 15.6
-# (734 tests, 33 CPU-minutes) and, an hour later, 18.1 (37 CPU-minutes for the same tests).
-# The target is 15 and not met from an empty cache on every run; with the machine's cache
-# filled (as CI runs it on a fresh clone) the whole .ci/run took 714 s. The slowest are the TPU
-# AOT compiles and the pod, GCS, resume and ModernBERT end-to-end runs (`--durations=30`).
+# From a clean clone with an empty compilation cache, on an idle 2-core AVX-512/AMX VM
+# (2026-11-29, 734 tests): 15.6 and, an hour later, 18.1 minutes of pytest (33 and 37
+# CPU-minutes for the same tests: this VM's spread). The target is 15, not met on every run.
+# The slowest are the TPU AOT compiles and the pod, GCS, resume and ModernBERT end-to-end runs
+# (`--durations=30`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --with-beam
