@@ -144,11 +144,33 @@ class WordPieceTokenizer(Tokenizer):
   @classmethod
   def train(cls, sentences: Iterable[str], vocab_size: int, output_dir: str,
             do_lower_case: bool = True, min_frequency: int = 2) -> 'WordPieceTokenizer':
-    """Learn a WordPiece vocabulary (HF's trainer) and write `output_dir/vocab.txt`."""
+    """Learn a WordPiece vocabulary (HF's trainer) and write `output_dir/vocab.txt`; the same
+    sentences give the same file in any process.
+
+    HF's trainer alone does not (huggingface/tokenizers#1794): it numbers the word-piece
+    alphabet (`##a`, `##b`, ...) in the order it meets them in a hash map of words, and breaks
+    ties between equally frequent merges by those numbers, so two processes picked different
+    merges (9 of 2,000 pieces, and most ids, apart on the tests' corpus). A first pass at no
+    merges learns that alphabet; the real pass is given it, sorted, after the special tokens, so
+    every number it compares is fixed. `sentences` is read twice: a list, or a callable that
+    returns a fresh iterable (a one-shot iterator is read into a list first)."""
     from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
-    trainer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None)
-    trainer.train_from_iterator(sentences, vocab_size=vocab_size, min_frequency=min_frequency,
-                                special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    if callable(sentences):
+      read = sentences
+    else:
+      if iter(sentences) is sentences:
+        sentences = list(sentences)
+      read = lambda: sentences
+
+    def trained(vocab_size: int, special_tokens: list[str]):
+      trainer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=None)
+      trainer.train_from_iterator(read(), vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=special_tokens, show_progress=False)
+      return trainer
+
+    alphabet = trained(0, list(SPECIAL_TOKENS)).get_vocab()
+    pieces = sorted(t for t in alphabet if t.startswith('##') and t not in SPECIAL_TOKENS)
+    trainer = trained(vocab_size, [*SPECIAL_TOKENS, *pieces])
     with fs.staged_dir(output_dir) as local:
       trainer.save_model(local)
     return cls(fs.join(output_dir, 'vocab.txt'), do_lower_case)

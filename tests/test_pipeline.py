@@ -472,6 +472,23 @@ def test_one_command_from_a_folder_of_text_to_packed_batches(docs, tmp_path, tok
   assert batch['input_ids'].max() < 1500 + 5
 
 
+def test_a_learned_wordpiece_vocabulary_is_the_same_file_every_time(docs, tmp_path):
+  """HF's trainer alone numbers its `##` alphabet in hash-map order and breaks merge ties by
+  those numbers: runs in one process wrote different vocabularies (input_pipeline/tokenizer.py).
+  A generator, a list and a callable give the same file, the `##` alphabet sorted after the
+  special tokens."""
+  sentences = [s for doc in docs[:300] for s in doc]
+  made = [WordPieceTokenizer.train(source, 1000, str(tmp_path / str(i)))
+          for i, source in enumerate([iter(sentences), sentences, lambda: iter(sentences),
+                                      sentences])]
+  texts = {open(t.vocab_file, encoding='utf-8').read() for t in made}
+  assert len(texts) == 1
+  vocab = made[0].vocab
+  assert vocab[:5] == ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] and len(vocab) == 1000
+  alphabet = [t for t in vocab if t.startswith('##') and len(t) == 3]
+  assert vocab[5:5 + len(alphabet)] == sorted(alphabet) and len(set(vocab)) == len(vocab)
+
+
 # ----------------------------------------------------------------------------- sentence objectives
 
 

@@ -194,13 +194,13 @@ def train_tokenizer(job: Job) -> Job:
   if job.vocab_file or job.spm_model or job.tokenizer:
     raise ValueError('--train_tokenizer learns a vocabulary: drop --vocab_file/--spm_model/'
                      '--tokenizer')
-  sentences = (s for doc in job.documents() for s in doc)
+  sentences = lambda: (s for doc in job.documents() for s in doc)  # read once per pass
   if job.train_tokenizer == 'wordpiece':
     tok = WordPieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.vocab',
                                    do_lower_case=job.do_lower_case)
     return dataclasses.replace(job, vocab_file=tok.vocab_file, train_tokenizer='')
   if job.train_tokenizer == 'sentencepiece':
-    tok = SentencePieceTokenizer.train(sentences, job.vocab_size, job.output_file + '.spm',
+    tok = SentencePieceTokenizer.train(sentences(), job.vocab_size, job.output_file + '.spm',
                                        lowercase=job.do_lower_case)
     return dataclasses.replace(job, spm_model=tok.model_file, train_tokenizer='')
   raise ValueError(f'--train_tokenizer={job.train_tokenizer!r}: expected wordpiece or '
