@@ -145,6 +145,7 @@ def main():
   p.add_argument('--seeds', type=int, default=3)
   p.add_argument('--source', default='docstrings', choices=('docstrings', 'opinion'))
   p.add_argument('--output_dir', default='runs/embedding_peers')
+  p.add_argument('--glibc', action='store_true', help='glibc\'s default malloc for our arm too')
   p.add_argument('--arm', default='', help=argparse.SUPPRESS)  # one arm, in its own process
   p.add_argument('--seed', type=int, default=0, help=argparse.SUPPRESS)
   args = p.parse_args()
@@ -160,18 +161,21 @@ def main():
     return
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import harness  # pylint: disable=g-import-not-at-top
-  # glibc's own malloc settings on both sides: with bert_jax.training.host_malloc's (what the
-  # CLIs set) our process reached 24 GB and was killed at step 4 of this recipe (64 pairs of
-  # 128-token texts, four length buckets: several multi-GB blocks of XLA temporaries left in
-  # its one untrimmed arena); GLIBC_TUNABLES= is that module's documented way out.
-  env = {'JAX_PLATFORMS': 'cpu', 'TF_CPP_MIN_LOG_LEVEL': '2', 'GLIBC_TUNABLES': ''}
+  # Each arm with the allocator its users get: ours the settings the CLI re-executes itself
+  # with (bert_jax/training/host_malloc.py; `trim_if_over` after every step bounds what they
+  # keep), torch glibc's defaults. `--glibc` gives ours glibc's too (the table's first run:
+  # ~2.1 million page faults a step, benchmarks/embedding_step.py).
+  from bert_jax.training import host_malloc  # pylint: disable=g-import-not-at-top
+  base = {'JAX_PLATFORMS': 'cpu', 'TF_CPP_MIN_LOG_LEVEL': '2'}
+  envs = {'ours': {**base, 'GLIBC_TUNABLES': '' if args.glibc else host_malloc.TUNABLES},
+          'theirs': {**base, 'GLIBC_TUNABLES': ''}}
   got = {'ours': [], 'theirs': []}
   for seed in range(args.seeds):
     for arm in (('ours', 'theirs') if seed % 2 == 0 else ('theirs', 'ours')):
       result = harness.run(
           [sys.executable, os.path.abspath(__file__), f'--arm={arm}', f'--seed={seed}',
            f'--source={args.source}', f'--output_dir={args.output_dir}'],
-          cwd=ROOT, env=env).last_json()
+          cwd=ROOT, env=envs[arm]).last_json()
       got[arm].append(result)
       print(f'# seed {seed} {arm}: {result["pairs_per_second"]:.2f} pairs/s (epochs '
             f'{[round(r, 2) for r in result["epoch_rates"]]}), best epoch '
