@@ -9,10 +9,13 @@ program a run uses (bert_jax.finetune.program.Program):
   3 warm-up steps, the process's minor page faults over the timed steps, and its peak RSS;
 - `embedding`: the embedding task's contrastive steps (64 pairs: 128 rows of 32 tokens) on the
   demo's Inverse Cloze pairs, the same figures (each step frees and reallocates a ~1.3 GB
-  block of XLA temporaries).
+  block of XLA temporaries); `embedding128`: the same at the recipe's 128 tokens (a ~7.3 GiB
+  block).
+After each step `host_malloc.trim_if_over()`, as the training loop calls it.
 Settings: glibc's defaults, host_malloc's (bert_jax.training.host_malloc.TUNABLES: no mmap, no
-trim, one arena), and host_malloc's with mmap allowed above 32 MiB (XLA's block of a step's
-temporaries is then mapped and unmapped each step, as with the defaults). Steps of one length
+trim, one arena), host_malloc's with mmap allowed above 32 MiB (XLA's block of a step's
+temporaries is then mapped and unmapped each step, as with the defaults), and glibc's defaults
+with transparent huge pages (`glibc.malloc.hugetlb=1`: the same mapping, 512x fewer faults). Steps of one length
 here, on cycled batches: a whole fine-tuning command's peak is higher under host_malloc (RESULTS.md
 gives the command and its figures). Measured figures: benchmarks/RESULTS.md, "The CPU
 allocator".
@@ -36,6 +39,9 @@ SETTINGS = {
     'host_malloc, mmap above 32 MiB': ('glibc.malloc.mmap_threshold=33554432:'
                                        'glibc.malloc.trim_threshold=68719476736:'
                                        'glibc.malloc.arena_max=1'),
+    # glibc's defaults on transparent huge pages (glibc >= 2.35; the kernel's THP mode
+    # `madvise` or `always`): the block is still mapped and unmapped each step, in 2 MiB pages.
+    'glibc defaults, huge pages': 'glibc.malloc.hugetlb=1',
 }
 
 
@@ -61,7 +67,8 @@ def worker(workload: str, steps: int) -> dict:
     files = pairs.write_demo_pairs(tempfile.mkdtemp(), os.path.join(ROOT, 'runs', 'cache', 'mr'))
     config = common.override(recipes.get_config('embedding'), {
         'init': init, 'data.train_file': files['train'], 'data.dev_file': files['dev'],
-        'data.test_file': files['test'], 'data.max_seq_length': 32, 'data.length_buckets': 1})
+        'data.test_file': files['test'], 'data.length_buckets': 1,
+        'data.max_seq_length': 128 if workload == 'embedding128' else 32})
   start = finetune.load_start(config)
   task = finetune.build_task(config, start)
   program = Program(config, task, start, finetune.check_batch_sizes(config))
@@ -77,6 +84,7 @@ def worker(workload: str, steps: int) -> dict:
     start_t = time.perf_counter()
     state, metrics = program.train_step(state, batches[i % len(batches)])
     jax.block_until_ready(metrics)
+    host_malloc.trim_if_over()  # as the training loop does after every step
     if i >= 3:
       times.append(time.perf_counter() - start_t)
       faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
