@@ -10,10 +10,14 @@ memory mapped: the step drops from ~860 to ~630 ms and the faults by 10x
 the same reason; this needs no extra library.
 
 The cost is memory. XLA plans each program's temporaries as one block (~1.3 GB for a MiniLM
-embedding step of 128 rows x 32 tokens). A bare loop of steps reuses it; a fine-tuning
-command's first steps leave several behind in the one arena before it settles (8.5 GiB peak
-against 2.8 GiB with glibc's defaults; steps 1.25-1.8x slower there; benchmarks/RESULTS.md,
-"The CPU allocator", `python benchmarks/allocator.py`). Later seeds add nothing.
+embedding step of 128 rows x 32 tokens). A bare loop of steps usually reuses it, not always:
+small allocations made between steps are carved out of the freed block, the next block no
+longer fits its hole and the heap grows by one (the embedding recipe's 128-token step, a 7.3
+GiB block, held two); a fine-tuning command's first steps leave several behind in the one arena
+before it settles (8.5 GiB peak against 2.8 GiB with glibc's defaults; steps 1.25-1.8x slower
+there; benchmarks/RESULTS.md, "The CPU allocator", `python benchmarks/allocator.py`, which also
+measures glibc's defaults on transparent huge pages, `glibc.malloc.hugetlb=1`: as fast here,
+with their memory). Later seeds add nothing.
 A run that compiles several programs with multi-GB blocks (the embedding recipe's 64 pairs of
 128-token texts in four length buckets: ~6 GB a step) would keep leaving such blocks behind
 until the machine ran out (24 GB at step 4); so the loop calls `trim_if_over` after every step:
