@@ -7,9 +7,9 @@
 # with the test processes' XLA settings (tests/cpu_env.py). Exits non-zero if either session
 # fails; arguments go to both.
 # From a clean clone with an empty compilation cache, on an idle 2-core AVX-512/AMX VM
-# (2026-11-29, 734-735 tests): 14.5 and, two hours later, 16.3 minutes of pytest (16.8 and 18.7
-# with the setup; 30 and 33 CPU-minutes for the same tests: this VM's spread). The target is
-# 15, not met on every run.
+# (2026-11-29, 734-735 tests): 14.5, 16.3, 16.7 and 16.1 minutes of pytest in four clones over
+# the day (16.8, 18.7, 19.4 and 18.8 with the setup; 30-35 CPU-minutes for the same tests: this
+# VM's spread). The target is 15, not met on every run.
 # The slowest are the TPU AOT compiles and the pod, GCS, resume and ModernBERT end-to-end runs
 # (`--durations=30`).
 set -euo pipefail
