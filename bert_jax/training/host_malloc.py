@@ -19,7 +19,7 @@ there; benchmarks/RESULTS.md, "The CPU allocator", `python benchmarks/allocator.
 measures glibc's defaults on transparent huge pages, `glibc.malloc.hugetlb=1`: as fast here,
 with their memory). Later seeds add nothing.
 A run that compiles several programs with multi-GB blocks (the embedding recipe's 64 pairs of
-128-token texts in four length buckets: ~6 GB a step) would keep leaving such blocks behind
+128-token texts in four length buckets: 7.3 GiB at 128 tokens) would keep leaving such blocks behind
 until the machine ran out (24 GB at step 4); so the loop calls `trim_if_over` after every step:
 once the process holds more than `RESIDENT_SHARE` of the machine's memory, `malloc_trim(0)`
 gives every free page of the arena back (as glibc's defaults would have, all along), and the
