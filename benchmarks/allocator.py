@@ -57,7 +57,6 @@ def worker(workload: str, steps: int) -> dict:
   import numpy as np
   from bert_jax.convert import start_points
   from bert_jax.finetune import run as finetune
-  from bert_jax.finetune.program import Program
   from bert_jax.training import host_malloc
   from configs import common, finetune as recipes
   from input_pipeline.finetune import pairs
@@ -73,9 +72,7 @@ def worker(workload: str, steps: int) -> dict:
         'init': init, 'data.train_file': files['train'], 'data.dev_file': files['dev'],
         'data.test_file': files['test'], 'data.max_seq_length': WORKLOADS[workload],
         'data.length_buckets': 1})
-  start = finetune.load_start(config)
-  task = finetune.build_task(config, start)
-  program = Program(config, task, start, finetune.check_batch_sizes(config))
+  start, task, program = finetune.build_program(config)
   _, params = start_points.init_head_params(start, task.head, rng=jax.random.key(0))
   state = program.setup.state_from_params(params, 0)
   order = np.random.default_rng(0).permutation(task.num_train)

@@ -39,10 +39,8 @@ def zero_shot(config) -> dict:
   """The start point's embeddings, scored on test through the run's own program."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.convert import start_points  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import program, run as finetune  # pylint: disable=g-import-not-at-top
-  start = finetune.load_start(config)
-  task = finetune.build_task(config, start)
-  p = program.Program(config, task, start, finetune.check_batch_sizes(config))
+  from bert_jax.finetune import run as finetune  # pylint: disable=g-import-not-at-top
+  start, task, p = finetune.build_program(config)
   _, params = start_points.init_head_params(start, task.head, jax.random.key(0))
   split = next(s for s in task.evals if s.name == 'test')
   return {'zero_shot': task.score(split, p.predict(params, split.arrays)),

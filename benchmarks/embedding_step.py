@@ -47,14 +47,11 @@ def ours(files: dict, steps: int) -> dict:
   import jax
   from bert_jax.convert import start_points
   from bert_jax.finetune import run as finetune
-  from bert_jax.finetune.program import Program
   from bert_jax.training import host_malloc
   from input_pipeline.finetune import batching
   import embedding_peers
   config = embedding_peers.ours_config(files, seed=0)
-  start = finetune.load_start(config)
-  task = finetune.build_task(config, start)
-  program = Program(config, task, start, finetune.check_batch_sizes(config))
+  start, task, program = finetune.build_program(config)
   _, params = start_points.init_head_params(start, task.head, rng=jax.random.key(0),
                                             fresh_head=False)
   holder = {'state': program.setup.state_from_params(params, 0)}

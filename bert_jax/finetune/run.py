@@ -117,6 +117,14 @@ def build_task(config, start, records=None):
   return task
 
 
+def build_program(config, records=None) -> tuple[Any, Any, Program]:
+  """(start point, task, Program) of `config`: what `run` trains every seed with, and what a
+  benchmark times; `records` as for `build_task`."""
+  start = load_start(config)
+  task = build_task(config, start, records)
+  return start, task, Program(config, task, start, check_batch_sizes(config))
+
+
 # ----------------------------------------------------------------------------- one seed
 
 
@@ -174,14 +182,12 @@ def run(config, workdir: str) -> dict:
   results.json and results.md; returns the results."""
   workdir = fs.absolute(workdir)
   seeds = seed_list(config.seeds, config.seed)
-  eval_batch = check_batch_sizes(config)
+  check_batch_sizes(config)  # bad sizes fail now, before anything is written
   if jax.process_index() == 0:
     fs.check_writable(workdir)  # now, not after the first epoch
     fs.write_text(fs.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   records = registry.read_task(config)  # bad task data fails now, not after ~20 s of loading
-  start = load_start(config)
-  task = build_task(config, start, records)
-  program = Program(config, task, start, eval_batch)
+  start, task, program = build_program(config, records)
   runs = []
   with run_control.PreemptionFlag() as preemption:  # one for the job: it spans every seed
     for seed in seeds:
